@@ -1,0 +1,15 @@
+"""polyft: polyhedral scheduling of nested-list DNN programs (after FractalTensor, SOSP '24)."""
+from . import errors
+from .types import FTType, Length, Spec, parse_type, spec
+from .fractaltensor import FractalTensor, Zip
+from .operators import map, reduce, foldl, foldr, scanl, scanr, zip, product
+from .elementmath import (tanh, sigmoid, exp, log, sqrt, relu, maximum, minimum, max, sum, mean,
+                          softmax, concat, zeros, zeros_like, ones, full, matmul, transpose)
+
+__version__ = "0.1.0"
+
+
+def trace(fn, *inputs_or_specs):
+    """Trace `fn` on concrete inputs or `ft.spec`s into an ETDG (paper §4.4)."""
+    from .trace import trace as _trace
+    return _trace(fn, *inputs_or_specs)
