@@ -1,4 +1,4 @@
-"""Tests for schedule.linalg: exact integer HNF, null spaces, hyperplane, unimodular completion.
+"""Tests for deps.linalg: exact integer HNF, null spaces, hyperplane, unimodular completion.
 
 Reference checks here use an independent Fraction Gaussian elimination, not the module's HNF.
 """
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from schedule.linalg import (
+from deps.linalg import (
     complete_unimodular,
     hermite_normal_form,
     integer_null_space,

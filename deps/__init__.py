@@ -1,0 +1,1 @@
+"""Polyhedral model of an ETDG over ISL, dependence analysis, distance vectors and reuse."""
