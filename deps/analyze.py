@@ -1,0 +1,124 @@
+"""Dependence analysis over the polyhedral model: exact flow dependences from ISL's dataflow
+analysis, anti/output dependences, per-statement distance vectors, carried and parallel dims,
+and reuse (null spaces of the access matrices, paper §5.2)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import islpy as isl
+
+from .linalg import integer_null_space
+from .model import PolyModel, _maps
+
+
+@dataclass
+class Reuse:
+    """Dims along which one access reads the same data (the null space of its matrix M)."""
+
+    statement: str
+    buffer: str
+    M: list
+    null_space: list  # integer basis vectors
+    dims: list  # names of the iteration dims whose unit vector lies in the null space
+
+
+@dataclass
+class Dependences:
+    flow: isl.UnionMap  # exact (must) flow dependences: source instance -> sink instance
+    may_flow: isl.UnionMap  # including gathers' conservative may-reads
+    anti: isl.UnionMap
+    output: isl.UnionMap
+    distances: dict  # statement -> set of distance tuples (self dependences)
+    distance_sets: dict  # statement -> isl.Set of the deltas, parametric
+    carried: dict  # statement -> dim names that carry a self dependence
+    parallel: dict  # statement -> dim names that carry none
+    reuse: list = field(default_factory=list)
+
+    def describe(self, context=None) -> str:
+        def show(um):
+            maps = _maps(um)
+            return [f"  {m.gist_params(context) if context is not None else m}" for m in maps] or ["  (none)"]
+        lines = ["flow dependences:"] + show(self.flow)
+        if not self.may_flow.is_equal(self.flow):
+            lines += ["may flow dependences (gathers):"] + show(self.may_flow)
+        lines += ["anti dependences:"] + show(self.anti)
+        lines += ["output dependences:"] + show(self.output)
+        lines.append("distance vectors:")
+        for s, ds in self.distances.items():
+            shown = sorted(ds) if isinstance(ds, set) else str(ds)
+            lines.append(f"  {s}: {shown}   carried by {self.carried[s] or '-'}; parallel {self.parallel[s] or '-'}")
+        lines.append("reuse (null spaces of access matrices):")
+        for r in self.reuse:
+            if r.null_space:
+                lines.append(f"  {r.statement} reads {r.buffer}: null space {r.null_space} -> reuse along {r.dims or '-'}")
+        return "\n".join(lines)
+
+
+def _flow(model: PolyModel, reads):
+    info = isl.UnionAccessInfo.from_sink(reads)
+    info = info.set_must_source(model.writes)
+    info = info.set_schedule_map(model.schedule)
+    flow = info.compute_flow()
+    return flow.get_must_dependence(), flow.get_may_dependence()
+
+
+def _point_set(deltas: isl.Set):
+    """The distance vectors as a set of tuples when finitely many (over all parameter
+    values), else None."""
+    n_par = deltas.dim(isl.dim_type.param)
+    n_set = deltas.dim(isl.dim_type.set)
+    free = deltas.move_dims(isl.dim_type.set, n_set, isl.dim_type.param, 0, n_par)
+    free = free.project_out(isl.dim_type.set, n_set, n_par)
+    if not free.is_bounded():
+        return None
+    points = set()
+
+    def add(p):
+        points.add(tuple(int(p.get_coordinate_val(isl.dim_type.set, k).to_python()) for k in range(n_set)))
+    free.foreach_point(add)
+    return points
+
+
+def analyze(model: PolyModel) -> Dependences:
+    must, _ = _flow(model, model.reads.subtract(model.may_reads))
+    may_all, may = _flow(model, model.reads)
+    may = may.union(may_all)
+    anti_info = isl.UnionAccessInfo.from_sink(model.writes).set_may_source(model.reads) \
+        .set_schedule_map(model.schedule).compute_flow()
+    anti = anti_info.get_may_dependence()
+    out_info = isl.UnionAccessInfo.from_sink(model.writes).set_must_source(model.writes) \
+        .set_schedule_map(model.schedule).compute_flow()
+    output = out_info.get_may_dependence()
+
+    distances, distance_sets, carried, parallel = {}, {}, {}, {}
+    for name, st in model.statements.items():
+        dim_names = [d.name for d in st.dims]
+        space_maps = [m for m in _maps(may) if m.get_tuple_name(isl.dim_type.in_) == name
+                      and m.get_tuple_name(isl.dim_type.out) == name]
+        deltas = None
+        for m in space_maps:
+            d = m.deltas()
+            deltas = d if deltas is None else deltas.union(d)
+        distance_sets[name] = deltas
+        pts = _point_set(deltas) if deltas is not None else set()
+        distances[name] = pts if pts is not None else deltas
+        levels = set()
+        for v in (pts or []):
+            nz = [k for k, x in enumerate(v) if x != 0]
+            if nz:
+                levels.add(nz[0])
+        if pts is None:  # unbounded distances: every dim they touch may carry
+            levels = set(range(len(dim_names)))
+        carried[name] = [dim_names[k] for k in sorted(levels)]
+        parallel[name] = [n for k, n in enumerate(dim_names) if k not in levels]
+
+    reuse = []
+    for name, am, _ in model.accesses:
+        if am.kind != "read" or not am.is_affine or not am.dims:
+            continue
+        M = am.M
+        basis = integer_null_space(M) if M.shape[0] else [tuple(int(i == k) for i in range(M.shape[1]))
+                                                          for k in range(M.shape[1])]
+        dims = [am.dims[k].name for k in range(len(am.dims)) if not M[:, k].any()]
+        reuse.append(Reuse(name, am.buffer.resolve().name, M.tolist(), [list(v) for v in basis], dims))
+    return Dependences(must, may, anti, output, distances, distance_sets, carried, parallel, reuse)

@@ -1,0 +1,616 @@
+"""The Extended Task Dependence Graph (paper §4.4, Table 2).
+
+Nodes:
+* `Buffer` (buffer node, single assignment): an input, a constant, or a value written by
+  block nodes. Its index vector is the iteration vector of the block that created it
+  followed by its own list dims (array expansion), so every write is to a fresh element.
+* `BlockNode`: a perfect nest of compute operators — iteration dims (`IterDim`, with extent
+  and operator, giving the operator vector p) and a sub-graph (`body`) of operation nodes and
+  child block nodes, in program order.
+* `OpNode` (operation node): element math on static-shape tensors; `load`/`store` nodes are
+  the edges into and out of buffer nodes and carry the access maps.
+* `AccessMap`: `i_m = M · i_d + o` on one edge, as a list of `Aff` rows.
+
+Nested aggregates (a scan whose state is read as `init` on the first iteration and as the
+previous output later) are kept as one block node with a *piecewise* access map: one piece
+per region, each with its condition (`k = 0`, `k >= 1`). This has the meaning of the paper's
+region0..3 split (Figure 4) without duplicating the sub-graph; `Statement.regions()` lists
+the regions.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .types import FTType, Length
+
+# ---------------------------------------------------------------------------------------
+# Iteration dims and quasi-affine expressions over them
+
+
+class IterDim:
+    """One iteration dim of a block node (or a placeholder for a list view's own dim)."""
+
+    _ids = itertools.count()
+
+    def __init__(self, name: str, extent: Length, op: str | None = None):
+        self.name = name
+        self.extent = Length.of(extent)
+        self.op = op  # "map", "scanl", ...; None for a view placeholder
+        self.uid = next(IterDim._ids)
+
+    @property
+    def reversed(self) -> bool:
+        """Right aggregates run their dim from the last index down."""
+        return self.op in ("foldr", "scanr")
+
+    def __repr__(self):
+        return self.name
+
+
+class Aff:
+    """sum(c * dim) + sum(c * floor(aff / d)) + offset, offset a (symbolic) `Length`."""
+
+    __slots__ = ("terms", "offset", "divs")
+
+    def __init__(self, terms=None, offset=0, divs=()):
+        self.terms = {k: v for k, v in (terms or {}).items() if v != 0}
+        self.offset = Length.of(offset)
+        self.divs = tuple(d for d in divs if d[0] != 0)  # (coef, Aff, divisor)
+
+    @staticmethod
+    def of(x) -> "Aff":
+        if isinstance(x, Aff):
+            return x
+        if isinstance(x, IterDim):
+            return Aff({x: 1})
+        return Aff(offset=x)
+
+    def __add__(self, other):
+        o = Aff.of(other)
+        terms = dict(self.terms)
+        for k, v in o.terms.items():
+            terms[k] = terms.get(k, 0) + v
+        return Aff(terms, self.offset + o.offset, self.divs + o.divs)
+
+    __radd__ = __add__
+
+    def __mul__(self, c: int):
+        c = int(c)
+        return Aff({k: v * c for k, v in self.terms.items()}, self.offset * c,
+                   tuple((d[0] * c, d[1], d[2]) for d in self.divs))
+
+    __rmul__ = __mul__
+
+    def __neg__(self):
+        return self * -1
+
+    def __sub__(self, other):
+        return self + (-Aff.of(other))
+
+    def __rsub__(self, other):
+        return Aff.of(other) - self
+
+    def floordiv(self, d: int) -> "Aff":
+        if d == 1:
+            return self
+        if not self.terms and not self.divs and self.offset.is_concrete:
+            return Aff(offset=self.offset.const // d)
+        return Aff(divs=((1, self, d),))
+
+    def mod(self, d: int) -> "Aff":
+        return self - self.floordiv(d) * d
+
+    def substitute(self, env: dict) -> "Aff":
+        """Replace dims by Affs (dims not in env stay)."""
+        out = Aff(offset=self.offset)
+        for k, v in self.terms.items():
+            out = out + (Aff.of(env[k]) * v if k in env else Aff({k: v}))
+        for c, inner, d in self.divs:
+            out = out + inner.substitute(env).floordiv(d) * c
+        return out
+
+    @property
+    def dims(self) -> set:
+        out = set(self.terms)
+        for _, inner, _ in self.divs:
+            out |= inner.dims
+        return out
+
+    @property
+    def is_affine(self) -> bool:
+        return not self.divs
+
+    @property
+    def constant_value(self):
+        """The integer value when no dim and no parameter is left, else None."""
+        if self.terms or self.divs or not self.offset.is_concrete:
+            return None
+        return self.offset.const
+
+    def coefficient(self, dim) -> int:
+        return self.terms.get(dim, 0)
+
+    def evaluate(self, env: dict, params: dict | None = None) -> int:
+        val = self.offset.evaluate(params or {})
+        for k, v in self.terms.items():
+            val += v * env[k]
+        for c, inner, d in self.divs:
+            val += c * (inner.evaluate(env, params) // d)
+        return val
+
+    def __str__(self):
+        parts = []
+        for k, v in sorted(self.terms.items(), key=lambda kv: kv[0].uid):
+            parts.append(k.name if v == 1 else f"-{k.name}" if v == -1 else f"{v}*{k.name}")
+        for c, inner, d in self.divs:
+            s = f"floor(({inner})/{d})"
+            parts.append(s if c == 1 else f"-{s}" if c == -1 else f"{c}*{s}")
+        off = str(self.offset)
+        if off != "0" or not parts:
+            parts.append(off)
+        text = parts[0]
+        for s in parts[1:]:
+            text += f" - {s[1:]}" if s.startswith("-") else f" + {s}"
+        return text
+
+    __repr__ = __str__
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """`expr >= 0` (kind "ge") or `expr = 0` (kind "eq")."""
+
+    expr: Aff
+    kind: str = "ge"
+
+    def substitute(self, env):
+        return Constraint(self.expr.substitute(env), self.kind)
+
+    def truth(self):
+        """True/False when decidable without dims or parameters, else None."""
+        v = self.expr.constant_value
+        if v is None:
+            return None
+        return v >= 0 if self.kind == "ge" else v == 0
+
+    def holds(self, env, params=None) -> bool:
+        v = self.expr.evaluate(env, params)
+        return v >= 0 if self.kind == "ge" else v == 0
+
+    def __str__(self):
+        # print "k >= 1" rather than "k - 1 >= 0" where the shape allows
+        e = self.expr
+        op = ">=" if self.kind == "ge" else "="
+        off = e.offset
+        if (e.terms or e.divs) and off.is_concrete and off.const != 0:
+            lhs = Aff(e.terms, 0, e.divs)
+            return f"{lhs} {op} {-off.const}"
+        return f"{e} {op} 0"
+
+
+def eq(a, b) -> Constraint:
+    return Constraint(Aff.of(a) - Aff.of(b), "eq")
+
+
+def ge(a, b) -> Constraint:
+    return Constraint(Aff.of(a) - Aff.of(b), "ge")
+
+
+# ---------------------------------------------------------------------------------------
+# Buffer nodes and access maps
+
+
+class Buffer:
+    """A buffer node Λ: expanded dims (creating block's dims, then own list dims) + element."""
+
+    def __init__(self, name: str, dims, element_shape, dtype="float32", kind="intermediate",
+                 value=None, created_in=()):
+        self.name = name
+        self.dims = [Length.of(d) for d in dims]
+        self.element_shape = tuple(element_shape)
+        self.dtype = dtype
+        self.kind = kind  # "input", "const", "intermediate", "output", "index"
+        self.value = value  # numpy data of a const / index buffer
+        self.created_in = tuple(created_in)  # IterDims of the creating context (a prefix of dims)
+        self.alias_of: Buffer | None = None
+
+    def resolve(self) -> "Buffer":
+        b = self
+        while b.alias_of is not None:
+            b = b.alias_of
+        return b
+
+    @property
+    def depth(self) -> int:
+        return len(self.dims)
+
+    @property
+    def type(self) -> FTType:
+        return FTType(tuple(self.dims), self.element_shape, self.dtype)
+
+    def __repr__(self):
+        return self.resolve().name
+
+
+class Gather:
+    """An indirect index: `index_buffer[pos]`; modelled as a may-access over the whole dim."""
+
+    def __init__(self, pos: Aff, index: Buffer):
+        self.pos = Aff.of(pos)
+        self.index = index
+
+    def substitute(self, env):
+        return Gather(self.pos.substitute(env), self.index)
+
+    @property
+    def dims(self):
+        return self.pos.dims
+
+    def __str__(self):
+        return f"{self.index.name}[{self.pos}]"
+
+    __repr__ = __str__
+
+
+@dataclass
+class Piece:
+    """One piece of a piecewise access: under `conds`, element `index` of `buffer`.
+
+    `buffer is None` means a constant element (`const`, e.g. padding zeros or a constant init).
+    """
+
+    conds: tuple
+    buffer: Buffer | None
+    index: tuple  # of Aff | Gather
+    const: object = None
+
+    def substitute(self, env) -> "Piece | None":
+        conds = []
+        for c in self.conds:
+            c = c.substitute(env)
+            t = c.truth()
+            if t is False:
+                return None
+            if t is None:
+                conds.append(c)
+        return Piece(tuple(conds), self.buffer,
+                     tuple(ix.substitute(env) for ix in self.index), self.const)
+
+    def restrict(self, extra) -> "Piece | None":
+        """The piece under the further conditions `extra` (None when they cannot hold)."""
+        return Piece(self.conds + tuple(extra), self.buffer, self.index, self.const).substitute({})
+
+
+@dataclass
+class AccessMap:
+    """The access map on one edge: `i_m = M · i_d + o` under a condition (one piece)."""
+
+    buffer: Buffer
+    dims: tuple  # the block's iteration dims (i_d)
+    index: tuple  # Aff | Gather per buffer dim (i_m)
+    conds: tuple = ()
+    kind: str = "read"  # "read" | "write"
+
+    @property
+    def is_affine(self) -> bool:
+        return all(isinstance(ix, Aff) and ix.is_affine for ix in self.index)
+
+    @property
+    def is_gather(self) -> bool:
+        return any(isinstance(ix, Gather) for ix in self.index)
+
+    @property
+    def M(self) -> np.ndarray:
+        """Access matrix, rows = buffer dims, cols = iteration dims (affine rows only)."""
+        m = np.zeros((len(self.index), len(self.dims)), dtype=np.int64)
+        for r, ix in enumerate(self.index):
+            if isinstance(ix, Aff):
+                for c, d in enumerate(self.dims):
+                    m[r, c] = ix.coefficient(d)
+        return m
+
+    @property
+    def o(self) -> list:
+        """Offset vector: Lengths (symbolic where the access involves a length)."""
+        return [ix.offset if isinstance(ix, Aff) else None for ix in self.index]
+
+    def describe(self) -> str:
+        b = self.buffer.resolve()
+        idx = ", ".join(str(ix) for ix in self.index)
+        text = f"{b.name}[{idx}]"
+        if self.is_affine:
+            rows = "; ".join(" ".join(str(v) for v in row) for row in self.M) or ""
+            text += f"   M=[{rows}] o=[{', '.join(str(x) for x in self.o)}]"
+        elif self.is_gather:
+            text += "   (indirect: may-access over the whole dim)"
+        if self.conds:
+            text += "   if " + " and ".join(str(c) for c in self.conds)
+        return text
+
+
+# ---------------------------------------------------------------------------------------
+# Operation nodes and block nodes
+
+
+class OpNode:
+    """A user math operation on static-shape tensors; `load`/`store` carry access pieces."""
+
+    _ids = itertools.count()
+
+    def __init__(self, op: str, inputs, shape, dtype, attrs=None, pieces=(), buffer=None,
+                 index=(), where=None):
+        self.id = next(OpNode._ids)
+        self.op = op
+        self.inputs = list(inputs)  # OpNodes, or ("const", array) operands
+        self.shape = tuple(shape)
+        self.dtype = dtype
+        self.attrs = dict(attrs or {})
+        self.pieces = list(pieces)  # load: the piecewise read
+        self.buffer = buffer  # store: the buffer written
+        self.index = tuple(index)  # store: the element written
+        self.where = where
+        self.var = None  # printing name, set by the ETDG
+
+    def __repr__(self):
+        return f"%{self.var if self.var is not None else self.id}"
+
+
+class BlockNode:
+    """A perfect nest of compute operators: dims (outermost first) and a sub-graph."""
+
+    _ids = itertools.count()
+
+    def __init__(self, dims, parent=None):
+        self.dims = list(dims)
+        self.parent = parent
+        self.body: list = []  # OpNode | BlockNode, in program order
+        self.name = f"b{next(BlockNode._ids)}"
+
+    @property
+    def p(self) -> list:
+        """The operator vector."""
+        return [d.op for d in self.dims]
+
+    def context(self) -> list:
+        """All iteration dims from the root down to and including this block's."""
+        chain = []
+        b = self
+        while b is not None:
+            chain = b.dims + chain
+            b = b.parent
+        return chain
+
+
+@dataclass
+class Statement:
+    """A run of operation nodes executed once per point of its block's iteration domain."""
+
+    name: str
+    block: BlockNode
+    dims: list  # the full iteration vector (enclosing blocks' dims first)
+    ops: list
+    position: list = field(default_factory=list)  # 2d+1 original-schedule sequence numbers
+
+    @property
+    def reads(self) -> list:
+        maps = []
+        for op in self.ops:
+            if op.op == "load":
+                for pc in op.pieces:
+                    if pc.buffer is not None:
+                        maps.append(AccessMap(pc.buffer, tuple(self.dims), pc.index, pc.conds, "read"))
+        return maps
+
+    @property
+    def writes(self) -> list:
+        return [AccessMap(op.buffer, tuple(self.dims), op.index, (), "write")
+                for op in self.ops if op.op == "store"]
+
+    def regions(self) -> list:
+        """The distinct conditions under which the statement's reads come from other places
+        (the paper's region0..3 of Figure 4): each a tuple of Constraints."""
+        per_load = [[pc.conds for pc in op.pieces] for op in self.ops if op.op == "load" and len(op.pieces) > 1]
+        regions = []
+        for combo in itertools.product(*per_load) if per_load else [()]:
+            conds = tuple(c for group in combo for c in group)
+            if conds not in regions:
+                regions.append(conds)
+        return regions
+
+
+# ---------------------------------------------------------------------------------------
+# The graph
+
+
+class ETDG:
+    """A traced program: input/output buffers, the root block (no dims) and its statements."""
+
+    def __init__(self, name, root: BlockNode, inputs, outputs, out_tree, buffers):
+        self.name = name
+        self.root = root
+        self.inputs = inputs  # list of (arg name, Buffer | None for a non-tensor arg)
+        self.outputs = outputs  # flat list of output Buffers
+        self.out_tree = out_tree  # how outputs nest: a Buffer-index pytree
+        self.buffers = buffers
+        self.statements = self._statements()
+
+    # -- structure -----------------------------------------------------------------
+    def blocks(self) -> list:
+        out = []
+
+        def walk(b):
+            out.append(b)
+            for n in b.body:
+                if isinstance(n, BlockNode):
+                    walk(n)
+        walk(self.root)
+        return out
+
+    def _statements(self) -> list:
+        """Group consecutive operation nodes into statements, with their original schedule.
+
+        `position` interleaves sequence numbers and dims, outermost first: for a run that is
+        the 2nd item of block b1's body, b1 being the 1st item of the root, it is
+        [0, *b1.dims, 1] — the classic 2d+1 schedule of the nest as written.
+        """
+        stmts = []
+
+        def walk(block, prefix):
+            runs, run = [], []
+            for n in block.body:
+                if isinstance(n, OpNode):
+                    run.append(n)
+                    continue
+                if run:
+                    runs.append(run)
+                    run = []
+                runs.append(n)
+            if run:
+                runs.append(run)
+            n_runs = sum(isinstance(r, list) for r in runs)
+            k = 0
+            for pos, r in enumerate(runs):
+                if isinstance(r, list):
+                    k += 1
+                    name = f"S_{block.name}" + (f"_{k}" if n_runs > 1 else "")
+                    stmts.append(Statement(name, block, block.context(), r, prefix + [pos]))
+                else:
+                    walk(r, prefix + [pos] + list(r.dims))
+        walk(self.root, [])
+        return stmts
+
+    @property
+    def params(self) -> list:
+        names = set()
+        for b in self.buffers:
+            for d in b.resolve().dims:
+                names |= d.params
+        for blk in self.blocks():
+            for d in blk.dims:
+                names |= d.extent.params
+        return sorted(names)
+
+    @property
+    def depth(self) -> int:
+        """Block nodes on the longest root-to-leaf path (paper §4.4)."""
+        def walk(b):
+            kids = [walk(n) for n in b.body if isinstance(n, BlockNode)]
+            return 1 + max(kids, default=0)
+        return max((walk(n) for n in self.root.body if isinstance(n, BlockNode)), default=0)
+
+    @property
+    def dimension(self) -> int:
+        """Sum of block dims along the longest path, static element dims included (§4.4)."""
+        def walk(b):
+            kids = [walk(n) for n in b.body if isinstance(n, BlockNode)]
+            own = len(b.dims)
+            leaf_rank = max((len(op.shape) for op in b.body if isinstance(op, OpNode)), default=0)
+            return own + max(kids + [leaf_rank])
+        return max((walk(n) for n in self.root.body if isinstance(n, BlockNode)), default=0)
+
+    # -- printing --------------------------------------------------------------------
+    def signature(self) -> str:
+        ins = ", ".join(f"{n}: {b.type}" if b is not None else n for n, b in self.inputs)
+        outs = ", ".join(f"{b.resolve().name}: {b.resolve().type}" for b in self.outputs)
+        return f"{self.name}({ins}) -> {outs}"
+
+    def __str__(self):
+        lines = [f"etdg {self.signature()}"]
+        lines.append(f"  depth {self.depth}, dimension {self.dimension}"
+                     + (f", parameters {', '.join(self.params)}" if self.params else ""))
+        lines.append("  buffers:")
+        seen = set()
+        for b in self.buffers:
+            b = b.resolve()
+            if id(b) in seen:
+                continue
+            seen.add(id(b))
+            lines.append(f"    {b.name:<10} {str(b.type):<32} {b.kind}")
+        counter = itertools.count()
+
+        def emit(block, indent):
+            for n in block.body:
+                if isinstance(n, BlockNode):
+                    dims = ", ".join(f"{d.name} < {d.extent}" for d in n.dims)
+                    ops = ", ".join(n.p)
+                    lines.append(f"{indent}block {n.name} [{dims}]  p = [{ops}]")
+                    emit(n, indent + "  ")
+                else:
+                    n.var = next(counter)
+                    lines.append(indent + _format_op(n, indent, block.context()))
+        emit(self.root, "  ")
+        return "\n".join(lines)
+
+    def to_dot(self) -> str:
+        """Graphviz DOT: buffers as boxes, blocks as clusters, access maps on edges."""
+        out = [f'digraph "{self.name}" {{', "  compound=true; rankdir=LR;",
+               '  node [fontname="monospace" fontsize=10];']
+        seen = set()
+        for b in self.buffers:
+            b = b.resolve()
+            if id(b) not in seen:
+                seen.add(id(b))
+                out.append(f'  "{b.name}" [shape=box3d label="{b.name}\\n{b.type}"];')
+
+        def emit(block, indent):
+            for n in block.body:
+                if isinstance(n, BlockNode):
+                    label = f"{n.name}: [{', '.join(d.name for d in n.dims)}] p=[{', '.join(n.p)}]"
+                    out.append(f'{indent}subgraph "cluster_{n.name}" {{ label="{label}";')
+                    emit(n, indent + "  ")
+                    out.append(f"{indent}}}")
+                else:
+                    out.append(f'{indent}"op{n.id}" [shape=ellipse label="{n.op}"];')
+        emit(self.root, "  ")
+        for st in self.statements:
+            for op in st.ops:
+                for a in op.inputs:
+                    if isinstance(a, OpNode):
+                        out.append(f'  "op{a.id}" -> "op{op.id}";')
+                if op.op == "load":
+                    for pc in op.pieces:
+                        if pc.buffer is not None:
+                            am = AccessMap(pc.buffer, tuple(st.dims), pc.index, pc.conds)
+                            lbl = am.describe().replace('"', "'")
+                            out.append(f'  "{pc.buffer.resolve().name}" -> "op{op.id}" [label="{lbl}"];')
+                if op.op == "store":
+                    am = AccessMap(op.buffer, tuple(st.dims), op.index, (), "write")
+                    lbl = am.describe().replace('"', "'")
+                    out.append(f'  "op{op.id}" -> "{op.buffer.resolve().name}" [label="{lbl}"];')
+        out.append("}")
+        return "\n".join(out)
+
+
+def _format_operand(a) -> str:
+    if isinstance(a, OpNode):
+        return repr(a)
+    value = a[1]
+    if np.ndim(value) == 0:
+        return repr(float(value))
+    return f"const{list(np.shape(value))}"
+
+
+def _format_op(n: OpNode, indent: str, dims: list) -> str:
+    shape = f"{n.dtype}[{', '.join(str(s) for s in n.shape)}]"
+    if n.op == "load":
+        head = f"{n!r} = load "
+        pad = " " * (len(indent) + len(head))
+        parts = []
+        for pc in n.pieces:
+            if pc.buffer is None:
+                what = "zeros" if np.all(np.asarray(pc.const) == 0) else f"const{list(np.shape(pc.const))}"
+            else:
+                am = AccessMap(pc.buffer, tuple(dims), pc.index, pc.conds)
+                what = am.describe().split("   if ")[0]
+            cond = ("   if " + " and ".join(str(c) for c in pc.conds)) if pc.conds else ""
+            parts.append(what + cond)
+        return head + f"\n{pad}".join(parts) + f" : {shape}"
+    if n.op == "store":
+        idx = ", ".join(str(ix) for ix in n.index)
+        return f"store {n.buffer.resolve().name}[{idx}] <- {_format_operand(n.inputs[0])}"
+    args = " ".join(_format_operand(a) for a in n.inputs)
+    attrs = "".join(f" {k}={v}" for k, v in n.attrs.items())
+    return f"{n!r} = {n.op} {args}{attrs} : {shape}"

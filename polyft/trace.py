@@ -1,0 +1,859 @@
+"""Tracing a FractalTensor program into an ETDG.
+
+The user's function runs once on abstract values: `FTTracer` stands for a list (a view of a
+buffer node through a piecewise quasi-affine access map) and `Value` for a static-shape tensor
+element (an operation node). Every compute operator opens a block node with one iteration
+dim and calls the user function once, symbolically, for all iterations; perfect nests are
+merged into multi-dim block nodes afterwards. Access operators never copy: they rewrite the
+view's access map.
+"""
+from __future__ import annotations
+
+import ast
+import inspect
+import operator
+import textwrap
+
+import numpy as np
+
+from . import errors
+from .errors import (AccessError, DepthError, EmptyReduceError, IndexRangeError, LengthMismatchError,
+                     RaggedError, ReturnTypeError, StateTypeError, TracerControlFlowError, WindowError)
+from .etdg import ETDG, Aff, BlockNode, Buffer, Constraint, Gather, IterDim, OpNode, Piece, eq, ge
+from .fractaltensor import FractalTensor, ListBase, Zip
+from .types import Length, Spec
+
+_DIM_LETTERS = "ijklmnpqrsuvw"
+_LEFT = ("reduce", "foldl", "scanl")
+_RIGHT = ("foldr", "scanr")
+
+
+class _TraceState:
+    """The trace in progress: the open block and everything created so far."""
+
+    def __init__(self):
+        self.root = BlockNode([])
+        self.block = self.root
+        self.buffers: list[Buffer] = []
+        self.n_buf = 0
+        self.n_const = 0
+        self.reemitted: dict = {}  # (value id, block name) -> OpNode
+        self.materialized: dict = {}  # value id -> Buffer
+
+    def new_buffer(self, dims, shape, dtype, kind="intermediate", value=None, name=None, created_in=()):
+        """`created_in`: the dims of the context in which the buffer is one list value."""
+        if name is None:
+            if kind == "const":
+                name = f"c{self.n_const}"
+                self.n_const += 1
+            else:
+                name = f"t{self.n_buf}"
+                self.n_buf += 1
+        b = Buffer(name, dims, shape, dtype, kind, value, created_in)
+        self.buffers.append(b)
+        return b
+
+    def emit(self, node: OpNode) -> OpNode:
+        self.block.body.append(node)
+        return node
+
+
+_STATE: _TraceState | None = None
+
+
+def _state() -> _TraceState:
+    if _STATE is None:
+        raise errors.PolyftError("a traced value was used after its trace ended", op="trace")
+    return _STATE
+
+
+# ---------------------------------------------------------------------------------------
+# Element values
+
+
+class Value:
+    """A static-shape tensor inside a traced program: an operation node or a constant."""
+
+    __array_ufunc__ = None  # numpy defers to our reflected operators
+    __array_priority__ = 1000
+
+    def __init__(self, shape, dtype, node: OpNode | None = None, block=None, const=None):
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = str(dtype)
+        self.node = node
+        self.block = block
+        self.const = const
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    @property
+    def T(self):
+        return apply_op("transpose", (self,), {})
+
+    def __repr__(self):
+        return f"Value({self.dtype}{list(self.shape)})"
+
+    def _binop(name, swap=False):
+        def f(self, other):
+            args = (other, self) if swap else (self, other)
+            return apply_op(name, args, {})
+        return f
+
+    __add__, __radd__ = _binop("add"), _binop("add", True)
+    __sub__, __rsub__ = _binop("sub"), _binop("sub", True)
+    __mul__, __rmul__ = _binop("mul"), _binop("mul", True)
+    __truediv__, __rtruediv__ = _binop("truediv"), _binop("truediv", True)
+    __matmul__, __rmatmul__ = _binop("matmul"), _binop("matmul", True)
+    del _binop
+
+    def __neg__(self):
+        return apply_op("neg", (self,), {})
+
+    def __getitem__(self, key):
+        return apply_op("getitem", (self,), {"key": key})
+
+    def _no_control_flow(self, *_):
+        raise TracerControlFlowError(
+            f"Python control flow on a traced {self.dtype}{list(self.shape)} value: its contents are known "
+            "only when the program runs; use ft.maximum / ft.relu / arithmetic instead of if/while/bool()",
+            op="control flow")
+
+    __bool__ = __int__ = __float__ = __index__ = __iter__ = _no_control_flow
+
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+
+_DUNDER = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "truediv": operator.truediv,
+           "matmul": operator.matmul, "neg": operator.neg, "getitem": lambda x, key: x[key],
+           "transpose": lambda x: np.swapaxes(x, -1, -2)}
+
+
+def eager_op(name: str):
+    """The numpy function an op node denotes (shared by shape inference and interpreters)."""
+    if name in _DUNDER:
+        return _DUNDER[name]
+    from . import elementmath
+    return getattr(elementmath, name)
+
+
+def _dummy(shape, dtype):
+    return np.ones(shape, dtype=dtype)
+
+
+def apply_op(name: str, args, attrs) -> Value:
+    """Record element math on traced values; shapes are checked by running numpy on dummies."""
+    if name == "concat":
+        args = _concat_operands(args)
+    vals = [a if isinstance(a, Value) else _const_value(a, name) for a in args]
+    fn = eager_op(name)
+    if all(v.const is not None for v in vals):  # constant folding
+        with np.errstate(all="ignore"):
+            out = fn(*[v.const for v in vals], **attrs) if name != "concat" else fn([v.const for v in vals], **attrs)
+        return Value(np.shape(out), np.asarray(out).dtype, const=np.asarray(out))
+    with np.errstate(all="ignore"):
+        dummies = [_dummy(v.shape, v.dtype) if v.const is None else v.const for v in vals]
+        out = fn(*dummies, **attrs) if name != "concat" else fn(dummies, **attrs)
+    out = np.asarray(out)
+    st = _state()
+    node = OpNode(name, [_use(v) for v in vals], out.shape, out.dtype.name, attrs,
+                  where=errors.user_location())
+    st.emit(node)
+    return Value(out.shape, out.dtype.name, node, st.block)
+
+
+def _concat_operands(args):
+    xs = args[0] if len(args) == 1 and not isinstance(args[0], Value) else args
+    if isinstance(xs, FTTracer):
+        n = xs._concrete_len("concat")
+        return [xs[i] for i in range(n)]
+    return list(xs)
+
+
+def _const_value(x, op="trace") -> Value:
+    if isinstance(x, (int, float, np.generic)) and not isinstance(x, bool):
+        arr = np.asarray(x) if isinstance(x, np.generic) else np.asarray(x, dtype=np.float32)
+        return Value((), arr.dtype.name, const=arr)
+    if isinstance(x, np.ndarray):
+        return Value(x.shape, x.dtype.name, const=x)
+    raise ReturnTypeError(f"expected a tensor, got {type(x).__name__}", op=op)
+
+
+def _use(v: Value):
+    """The operand for `v` inside the open block: constants inline, values from enclosing
+    blocks reloaded (loads) or materialized into a buffer (anything else)."""
+    st = _state()
+    if v.const is not None:
+        return ("const", v.const)
+    if v.block is st.block:
+        return v.node
+    key = (id(v), id(st.block))
+    if key not in st.reemitted:
+        st.reemitted[key] = st.emit(OpNode("load", [], v.shape, v.dtype, pieces=_pieces_of(v)))
+    return st.reemitted[key]
+
+
+def _pieces_of(v: Value) -> list:
+    """Where the value lives, as load pieces: a constant, the buffer it was loaded from, or
+    a buffer it is stored into right after it is computed (materialization)."""
+    st = _state()
+    if v.const is not None:
+        return [Piece((), None, (), v.const)]
+    if v.block not in _ancestors(st.block):
+        raise errors.PolyftError(f"a value computed inside another map/scan body escaped it: {v}",
+                                 op="trace")
+    if v.node.op == "load":
+        return v.node.pieces
+    buf = st.materialized.get(id(v))
+    ctx = v.block.context()
+    if buf is None:
+        buf = st.new_buffer([d.extent for d in ctx], v.shape, v.dtype)
+        body = v.block.body
+        body.insert(body.index(v.node) + 1,
+                    OpNode("store", [v.node], v.shape, v.dtype, buffer=buf,
+                           index=tuple(Aff.of(d) for d in ctx)))
+        st.materialized[id(v)] = buf
+    return [Piece((), buf, tuple(Aff.of(d) for d in ctx))]
+
+
+def _ancestors(block):
+    out = []
+    while block is not None:
+        out.append(block)
+        block = block.parent
+    return out
+
+
+def _load(pieces, shape, dtype) -> Value:
+    st = _state()
+    pieces = [p for p in pieces if p is not None]
+    if len(pieces) == 1 and pieces[0].buffer is None and not pieces[0].conds:
+        return Value(shape, dtype, const=np.asarray(pieces[0].const, dtype=dtype))
+    node = st.emit(OpNode("load", [], shape, dtype, pieces=pieces, where=errors.user_location()))
+    return Value(shape, dtype, node, st.block)
+
+
+# ---------------------------------------------------------------------------------------
+# List values
+
+
+class FTTracer(ListBase):
+    """A list inside a traced program: own dims (placeholders) viewed onto buffers by pieces."""
+
+    _traced = True
+
+    def __init__(self, lengths, places, pieces, element_shape, dtype):
+        self.lengths = [Length.of(n) for n in lengths]
+        self.places = list(places)
+        self.pieces = [p for p in pieces if p is not None]
+        self._element_shape = tuple(element_shape)
+        self._dtype = str(dtype)
+
+    # -- the ListBase interface ---------------------------------------------------------
+    @property
+    def depth(self):
+        return len(self.lengths)
+
+    @property
+    def element_shape(self):
+        return self._element_shape
+
+    @property
+    def dtype(self):
+        return self._dtype
+
+    @property
+    def type_string(self):
+        return f"[{', '.join(str(n) for n in self.lengths)}]{self._dtype}[{', '.join(map(str, self._element_shape))}]"
+
+    def __repr__(self):
+        return f"FTTracer({self.type_string})"
+
+    def _concrete_len(self, op) -> int:
+        n = self.lengths[0]
+        if not n.is_concrete:
+            raise TracerControlFlowError(
+                f"the length {n} of {self.type_string} is symbolic; {op} needs a concrete length "
+                "(trace with concrete inputs, or use a compute operator instead of a Python loop)", op=op)
+        return n.const
+
+    def __len__(self):
+        return self._concrete_len("len")
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def _reindex(self, env, lengths, places, extra=()) -> "FTTracer":
+        pieces = [pc.substitute(env) for pc in self.pieces]
+        if extra:
+            pieces = [pc.restrict(extra) if pc is not None else None for pc in pieces]
+        out = FTTracer(lengths, places, pieces, self._element_shape, self._dtype)
+        if not out.lengths:
+            return _load(out.pieces, self._element_shape, self._dtype)
+        return out
+
+    def _bind(self, pos: Aff):
+        """The element at position `pos` (an Aff over iteration dims)."""
+        return self._reindex({self.places[0]: pos}, self.lengths[1:], self.places[1:])
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            return self._slice(key)
+        if isinstance(key, (int, np.integer)):
+            k = int(key)
+            n = self.lengths[0]
+            if n.is_concrete and not -n.const <= k < n.const:
+                raise IndexRangeError(f"index {k} out of range for a list of length {n} ({self.type_string})",
+                                      op="getitem")
+            return self._bind(Aff.of(n + k if k < 0 else Length.of(k)))
+        raise TracerControlFlowError(f"lists are indexed by Python ints or slices, not {type(key).__name__}; "
+                                     "use map/scan to visit elements, gather for data-dependent indices",
+                                     op="getitem")
+
+    def _new_place(self):
+        return IterDim("_", 0)
+
+    def _slice(self, s: slice):
+        step = 1 if s.step is None else int(s.step)
+        if step == 0:
+            raise WindowError("slice step cannot be zero", op="slice")
+        n = self.lengths[0]
+        if n.is_concrete:
+            start, stop, step = s.indices(n.const)
+            length = Length.of(len(range(start, stop, step)))
+            start = Length.of(start)
+        else:
+            def norm(v, default):
+                if v is None:
+                    return default
+                return n + v if v < 0 else Length.of(v)
+            if step > 0:
+                start, stop = norm(s.start, Length.of(0)), norm(s.stop, n)
+                length = ((stop - start + (step - 1)) // step).clamp0()
+            else:
+                start, stop = norm(s.start, n - 1), norm(s.stop, Length.of(-1))
+                length = ((start - stop + (-step - 1)) // -step).clamp0()
+        q = self._new_place()
+        return self._reindex({self.places[0]: Aff.of(start) + Aff.of(q) * step},
+                             [length] + self.lengths[1:], [q] + self.places[1:])
+
+    def shift(self, k: int):
+        n = self.lengths[0]
+        if n.is_concrete and abs(k) > n.const:
+            raise WindowError(f"shift by {k} is longer than the list ({self.type_string})", op="shift")
+        q = self._new_place()
+        return self._reindex({self.places[0]: Aff.of(q) + max(k, 0)},
+                             [n - abs(k)] + self.lengths[1:], [q] + self.places[1:])
+
+    def reverse(self):
+        n = self.lengths[0]
+        q = self._new_place()
+        return self._reindex({self.places[0]: Aff.of(n - 1) - q}, self.lengths, [q] + self.places[1:])
+
+    def window(self, size: int, stride: int = 1, padding=0):
+        lo, hi = (padding, padding) if isinstance(padding, int) else padding
+        n = self.lengths[0]
+        if size < 1 or stride < 1 or lo < 0 or hi < 0:
+            raise WindowError(f"window size {size}, stride {stride}, padding {padding}: all must be positive",
+                              op="window")
+        if n.is_concrete and size > n.const + lo + hi:
+            raise WindowError(f"window of size {size} is larger than the list of length {n}"
+                              + (f" padded by {lo}+{hi}" if lo or hi else "") + f" ({self.type_string})",
+                              op="window")
+        w, j = self._new_place(), self._new_place()
+        pos = Aff.of(w) * stride + j - lo
+        count = (n + lo + hi - size) // stride + 1
+        env = {self.places[0]: pos}
+        lengths = [count, Length.of(size)] + self.lengths[1:]
+        places = [w, j] + self.places[1:]
+        if not (lo or hi):
+            return self._reindex(env, lengths, places)
+        inside = self._reindex(env, lengths, places, extra=(ge(pos, 0), ge(Aff.of(n - 1), pos)))
+        zero = np.zeros(self._element_shape, dtype=self._dtype)
+        pad = [Piece((Constraint(Aff.of(-1) - pos),), None, (), zero),
+               Piece((Constraint(pos - Aff.of(n)),), None, (), zero)]
+        inside.pieces += [p.substitute({}) for p in pad]
+        return inside
+
+    def shifted_slide(self, window: int):
+        return self.window(window, 1, padding=window // 2)
+
+    def strided_split(self, d: int):
+        n = self.lengths[0]
+        if n.is_concrete and n.const % d:
+            raise WindowError(f"strided_split({d}) needs a length divisible by {d}, got {n}", op="strided_split")
+        r, j = self._new_place(), self._new_place()
+        return self._reindex({self.places[0]: Aff.of(r) + Aff.of(j) * d},
+                             [Length.of(d), n // d] + self.lengths[1:], [r, j] + self.places[1:])
+
+    def strided_merge(self):
+        if self.depth < 2:
+            raise DepthError(f"strided_merge needs a list of depth >= 2, got {self.type_string}",
+                             op="strided_merge")
+        d = self.lengths[0]
+        if not d.is_concrete:
+            raise AccessError(f"strided_merge over a symbolic outer length {d} is not quasi-affine",
+                              op="strided_merge")
+        t = self._new_place()
+        env = {self.places[0]: Aff.of(t).mod(d.const), self.places[1]: Aff.of(t).floordiv(d.const)}
+        return self._reindex(env, [self.lengths[1] * d.const] + self.lengths[2:], [t] + self.places[2:])
+
+    def gather(self, indices):
+        idx = np.asarray(indices)
+        if idx.ndim != 1 or not np.issubdtype(idx.dtype, np.integer):
+            raise IndexRangeError(f"gather needs a 1-D integer index list, got {idx.dtype}{list(idx.shape)}",
+                                  op="gather")
+        n = self.lengths[0]
+        if n.is_concrete and idx.size and (idx.min() < 0 or idx.max() >= n.const):
+            bad = idx[(idx < 0) | (idx >= n.const)][0]
+            raise IndexRangeError(f"gather index {bad} out of range for a list of length {n} "
+                                  f"({self.type_string})", op="gather")
+        st = _state()
+        ib = st.new_buffer([idx.size], (), idx.dtype.name, "index", idx.astype(np.int64))
+        q = self._new_place()
+        env = {self.places[0]: Gather(Aff.of(q), ib)}
+        pieces = [_substitute_gather(pc, env) for pc in self.pieces]
+        return FTTracer([Length.of(idx.size)] + self.lengths[1:], [q] + self.places[1:], pieces,
+                        self._element_shape, self._dtype)
+
+    def _repeat(self, n, inner: bool):
+        q = self._new_place()
+        n = Length.of(n)
+        if inner:
+            return FTTracer([self.lengths[0], n] + self.lengths[1:], [self.places[0], q] + self.places[1:],
+                            self.pieces, self._element_shape, self._dtype)
+        return FTTracer([n] + self.lengths, [q] + self.places, self.pieces, self._element_shape, self._dtype)
+
+
+def _substitute_gather(pc: Piece, env):
+    """Substitute a Gather into a piece: only a plain placeholder index may become indirect."""
+    (place, g), = env.items()
+    index = []
+    for ix in pc.index:
+        if isinstance(ix, Aff) and place in ix.dims:
+            if ix.terms != {place: 1} or ix.divs or str(ix.offset) != "0":
+                raise AccessError("gather of a shifted/strided view is not supported; gather first",
+                                  op="gather")
+            index.append(g)
+        else:
+            index.append(ix)
+    if any(place in c.expr.dims for c in pc.conds):
+        raise AccessError("gather of a padded or piecewise view is not supported", op="gather")
+    return Piece(pc.conds, pc.buffer, tuple(index), pc.const)
+
+
+def _const_list(ft: FractalTensor) -> FTTracer:
+    if not ft.is_regular:
+        raise RaggedError(f"a ragged list {ft.type_string} cannot be traced: polyhedral domains are "
+                          "rectangular; pad it", op="trace")
+    arr = ft.to_numpy()
+    st = _state()
+    b = st.new_buffer(list(arr.shape[:ft.depth]), ft.element_shape, ft.dtype, "const", arr)
+    return _identity_view(b, ())
+
+
+def _identity_view(b: Buffer, ctx) -> FTTracer:
+    own = b.dims[len(ctx):]
+    places = [IterDim("_", 0) for _ in own]
+    index = tuple(Aff.of(d) for d in ctx) + tuple(Aff.of(p) for p in places)
+    return FTTracer(own, places, [Piece((), b, index)], b.element_shape, b.dtype)
+
+
+# ---------------------------------------------------------------------------------------
+# Pytrees of values
+
+
+def _lift(x, op):
+    """Turn a user value into tracer form: Value, FTTracer, tuple/Zip of them."""
+    if isinstance(x, (Value, FTTracer)):
+        return x
+    if isinstance(x, FractalTensor):
+        return _const_list(x)
+    if isinstance(x, Zip):
+        return Zip([_lift(c, op) for c in x.components])
+    if isinstance(x, tuple):
+        return tuple(_lift(v, op) for v in x)
+    if isinstance(x, (np.ndarray, np.generic)):
+        return _const_value(np.asarray(x), op)
+    if isinstance(x, list):
+        raise ReturnTypeError("a Python list is not a FractalTensor; return a tuple, or build the list "
+                              "with a compute operator", op=op)
+    raise ReturnTypeError(f"expected a tensor, a FractalTensor or a tuple of them, got {type(x).__name__}",
+                          op=op)
+
+
+def _leaves(x) -> list:
+    if isinstance(x, tuple):
+        return [leaf for v in x for leaf in _leaves(v)]
+    return [x]
+
+
+def _rebuild(like, leaves_iter):
+    if isinstance(like, tuple):
+        return tuple(_rebuild(v, leaves_iter) for v in like)
+    return next(leaves_iter)
+
+
+def _type_of(x) -> str:
+    if isinstance(x, tuple):
+        return "(" + ", ".join(_type_of(v) for v in x) + ")"
+    if isinstance(x, Value):
+        return f"{x.dtype}[{', '.join(map(str, x.shape))}]"
+    return x.type_string
+
+
+# ---------------------------------------------------------------------------------------
+# Compute operators
+
+
+def _sources(lists, op):
+    """The lists an operator iterates, each an FTTracer or a Zip of them, all of one length."""
+    srcs = [_lift(l, op) for l in lists]
+    flat = [c for s in srcs for c in (s.components if isinstance(s, Zip) else [s])]
+    for c in flat:
+        if not isinstance(c, FTTracer):
+            raise DepthError(f"{op} iterates over lists, got a tensor {_type_of(c)}", op=op)
+    n = flat[0].lengths[0]
+    for c in flat[1:]:
+        if c.lengths[0] != n:
+            raise LengthMismatchError(
+                f"lists of different lengths: {' vs '.join(x.type_string for x in flat)}", op=op)
+    return srcs, n
+
+
+def _element(src, pos: Aff):
+    if isinstance(src, Zip):
+        return tuple(_element(c, pos) for c in src.components)
+    return src._bind(pos)
+
+
+def _state_pieces(leaf, first: Constraint):
+    """The pieces (restricted to the first iteration) of an init leaf."""
+    pieces = _pieces_of(leaf) if isinstance(leaf, Value) else leaf.pieces
+    return [pc.restrict((first,)) for pc in pieces]
+
+
+def _fresh(leaf: FTTracer, ctx) -> Buffer | None:
+    """The buffer a list result was freshly written to in this iteration, if it was."""
+    if len(leaf.pieces) != 1 or leaf.pieces[0].conds or leaf.pieces[0].buffer is None:
+        return None
+    pc = leaf.pieces[0]
+    b = pc.buffer.resolve()
+    want = tuple(Aff.of(d) for d in ctx) + tuple(Aff.of(p) for p in leaf.places)
+    if b.kind != "intermediate" or b.created_in != tuple(ctx) or len(pc.index) != len(want):
+        return None
+    if any(not isinstance(a, Aff) or str(a) != str(w) or a.dims != w.dims for a, w in zip(pc.index, want)):
+        return None
+    if [str(n) for n in b.dims[len(ctx):]] != [str(n) for n in leaf.lengths]:
+        return None
+    return b
+
+
+def _write_leaf(leaf, ctx, target: Buffer | None, op):
+    """Write a result leaf of one iteration into `target` (or a new buffer); return the buffer."""
+    st = _state()
+    if isinstance(leaf, Value):
+        if target is None:
+            target = st.new_buffer([d.extent for d in ctx], leaf.shape, leaf.dtype,
+                                   created_in=tuple(ctx[:-1]))
+        st.emit(OpNode("store", [_use(leaf)], leaf.shape, leaf.dtype, buffer=target,
+                       index=tuple(Aff.of(d) for d in ctx)))
+        return target
+    fresh = _fresh(leaf, ctx)
+    if fresh is None:  # a view of something else: copy it into a fresh buffer first
+        copied = traced_compute("map", _copy, [leaf], None)
+        fresh = _fresh(copied, ctx)
+    if target is None:
+        fresh.created_in = tuple(ctx[:-1])  # now the map's output, one level out
+        return fresh
+    fresh.alias_of = target
+    return target
+
+
+def _copy(x):
+    return apply_op("copy", (x,), {}) if isinstance(x, Value) else traced_compute("map", _copy, [x], None)
+
+
+def _check_state(state, res, op):
+    if len(_leaves(state)) != len(_leaves(res)) or any(
+            _type_of(a) != _type_of(b) for a, b in zip(_leaves(state), _leaves(res))) or \
+            _structure(state) != _structure(res):
+        raise StateTypeError(f"the state's type changes: init is {_type_of(state)}, "
+                             f"the function returns {_type_of(res)}", op=op)
+
+
+def _structure(x):
+    return tuple(_structure(v) for v in x) if isinstance(x, tuple) else "."
+
+
+def traced_compute(op: str, f, lists, init):
+    """One compute operator on traced lists: a block node with one new iteration dim."""
+    st = _state()
+    srcs, n = _sources(lists, op)
+    aggregate = op != "map"
+    no_init = aggregate and init is None
+    if no_init and n.is_concrete and n.const == 0:
+        if op in ("scanl", "scanr"):
+            raise EmptyReduceError(f"{op} without init over an empty traced list: its element type is "
+                                   "unknown; give init", op=op)
+        raise EmptyReduceError(f"{op} of an empty list without init", op=op)
+    extent = (n - 1) if no_init else n
+    outer = st.block
+    ctx_out = outer.context()
+    name = _DIM_LETTERS[len(ctx_out)] if len(ctx_out) < len(_DIM_LETTERS) else f"i{len(ctx_out)}"
+    t = IterDim(name, extent, op)
+    right = op in _RIGHT
+    if no_init:
+        init = _element(srcs[0] if len(srcs) == 1 else Zip(srcs), Aff.of(n - 1) if right else Aff.of(0))
+    state0 = _lift(init, op) if aggregate else None
+
+    block = BlockNode([t], parent=outer)
+    outer.body.append(block)
+    st.block = block
+    ctx = ctx_out + [t]
+    try:
+        pos = Aff.of(t) + (1 if (no_init and not right) else 0)
+        elems = [_element(s, pos) for s in srcs]
+        if not aggregate:
+            res = f(*elems)
+        else:
+            carries = [_carry_buffer(leaf, ctx) for leaf in _leaves(state0)]
+            first = eq(t, 0) if not right else eq(t, extent - 1)
+            later = ge(t, 1) if not right else ge(Aff.of(extent - 2), t)
+            prev = Aff.of(t) + (1 if right else -1)
+            state_leaves = [_state_view(leaf, buf, ctx_out, prev, first, later)
+                            for leaf, buf in zip(_leaves(state0), carries)]
+            state = _rebuild(state0, iter(state_leaves))
+            x = elems[0] if len(elems) == 1 else tuple(elems)
+            res = f(state, x) if not right else f(x, state)
+        res = _lift(res, op)
+        if isinstance(res, Zip):
+            res = tuple(res.components)
+        if aggregate:
+            _check_state(state, res, op)
+            outs = [_write_leaf(leaf, ctx, buf, op) for leaf, buf in zip(_leaves(res), carries)]
+        else:
+            outs = [_write_leaf(leaf, ctx, None, op) for leaf in _leaves(res)]
+    finally:
+        st.block = outer
+
+    views = [_identity_view(b, ctx_out) for b in outs]
+    if not aggregate:
+        return _rebuild(res, iter(views))
+    if op in ("scanl", "scanr"):
+        if no_init:
+            first_el = _leaves(init)
+            views = [_prepend(v, e, right) for v, e in zip(views, first_el)]
+        return _rebuild(res, iter(views))
+    # folds: the state after the last iteration (or init when there is none)
+    last = Aff.of(0) if right else Aff.of(extent - 1)
+    results = []
+    for v, leaf in zip(views, _leaves(state0)):
+        some = ge(Aff.of(extent), 1)
+        none = eq(Aff.of(extent), 0)
+        got = v._bind(last)
+        pieces = _pieces_of(got) if isinstance(got, Value) else got.pieces
+        pieces = [pc.restrict((some,)) for pc in pieces]
+        pieces += _state_pieces(leaf, none) if not (extent.is_concrete and extent.const > 0) else []
+        pieces = [p for p in pieces if p is not None]
+        if isinstance(leaf, Value):
+            results.append(_load(pieces, leaf.shape, leaf.dtype))
+        else:
+            results.append(FTTracer(leaf.lengths, leaf.places, pieces, leaf.element_shape, leaf.dtype))
+    return _rebuild(res, iter(results))
+
+
+def _carry_buffer(leaf, ctx) -> Buffer:
+    """The scan output buffer, one state per iteration (array expansion of the carry)."""
+    own = leaf.lengths if isinstance(leaf, FTTracer) else []
+    shape = leaf.element_shape if isinstance(leaf, FTTracer) else leaf.shape
+    return _state().new_buffer([d.extent for d in ctx] + list(own), shape, leaf.dtype,
+                               created_in=tuple(ctx[:-1]))
+
+
+def _state_view(leaf, buf: Buffer, ctx_out, prev: Aff, first: Constraint, later: Constraint):
+    """The state inside the body: init on the first iteration, the previous output later."""
+    base = tuple(Aff.of(d) for d in ctx_out) + (prev,)
+    if isinstance(leaf, Value):
+        pieces = _state_pieces(leaf, first) + [Piece((later,), buf, base).substitute({})]
+        return _load(pieces, leaf.shape, leaf.dtype)
+    places = list(leaf.places)
+    pieces = _state_pieces(leaf, first) + [Piece((later,), buf, base + tuple(Aff.of(p) for p in places))]
+    return FTTracer(leaf.lengths, places, pieces, leaf.element_shape, leaf.dtype)
+
+
+def _prepend(view: FTTracer, first, right: bool) -> FTTracer:
+    """scan without init: the untouched first (last, for scanr) element joins the outputs."""
+    q = view.places[0]
+    n = view.lengths[0] + 1
+    if right:
+        at_first, rest = eq(q, n - 1), ge(Aff.of(n - 2), q)
+        pos_rest = Aff.of(q)
+    else:
+        at_first, rest = eq(q, 0), ge(q, 1)
+        pos_rest = Aff.of(q) - 1
+    moved = [pc.substitute({q: pos_rest}).restrict((rest,)) for pc in view.pieces]
+    if isinstance(first, Value):
+        head = [pc.restrict((at_first,)) for pc in _pieces_of(first)]
+    else:  # a list element: its own dims follow q
+        head = [pc.restrict((at_first,)) for pc in
+                first._reindex(dict(zip(first.places, view.places[1:])), first.lengths, view.places[1:]).pieces]
+    return FTTracer([n] + view.lengths[1:], view.places, head + moved, view.element_shape, view.dtype)
+
+
+# ---------------------------------------------------------------------------------------
+# Entry point
+
+
+def _return_names(fn) -> list:
+    """Names in the function's `return a` / `return a, b`, to name the output buffers."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return []
+    func = tree.body[0]
+    if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return []
+    for node in reversed(func.body):
+        if isinstance(node, ast.Return) and node.value is not None:
+            v = node.value
+            items = v.elts if isinstance(v, ast.Tuple) else [v]
+            return [x.id if isinstance(x, ast.Name) else None for x in items]
+    return []
+
+
+def _input(st, name, arg):
+    if isinstance(arg, Spec):
+        b = Buffer(name, list(arg.type.lengths), arg.element_shape, arg.dtype, "input")
+    elif isinstance(arg, FractalTensor):
+        if not arg.is_regular:
+            raise RaggedError(f"input {name} is ragged ({arg.type_string}); polyhedral domains are "
+                              "rectangular: pad it, or run eagerly", op="trace")
+        b = Buffer(name, list(arg.ftype.lengths), arg.element_shape, arg.dtype, "input")
+    elif isinstance(arg, np.ndarray):
+        b = Buffer(name, [], arg.shape, arg.dtype.name, "input")
+    else:
+        return None, arg
+    st.buffers.append(b)
+    if b.depth == 0:
+        return b, _load([Piece((), b, ())], b.element_shape, b.dtype)
+    return b, _identity_view(b, ())
+
+
+def trace(fn, *args) -> ETDG:
+    """Trace `fn` on concrete inputs or `ft.spec`s into an ETDG."""
+    global _STATE
+    if _STATE is not None:
+        raise errors.PolyftError("trace() called while tracing", op="trace")
+    st = _STATE = _TraceState()
+    try:
+        try:
+            names = list(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):
+            names = []
+        names += [f"in{k}" for k in range(len(names), len(args))]
+        inputs, traced_args = [], []
+        for name, arg in zip(names, args):
+            b, v = _input(st, name, arg)
+            inputs.append((name, b))
+            traced_args.append(v)
+        res = _lift(fn(*traced_args), "return")
+        if isinstance(res, Zip):
+            res = tuple(res.components)
+        out_names = _return_names(fn)
+        outputs = []
+        for k, leaf in enumerate(_leaves(res)):
+            b = _write_leaf(leaf, [], None, "return") if isinstance(leaf, Value) else \
+                (_fresh(leaf, []) or _fresh(traced_compute("map", _copy, [leaf], None), []))
+            if b.kind == "input":  # returning an input unchanged: copy it
+                b = _fresh(traced_compute("map", _copy, [leaf], None), [])
+            b.kind = "output"
+            nm = out_names[k] if k < len(out_names) and out_names[k] else ("out" if len(_leaves(res)) == 1
+                                                                           else f"out{k}")
+            b.name = nm if nm not in names else f"{nm}_out"
+            outputs.append(b)
+        _dead_code(st.root)
+        _merge_perfect_nests(st.root)
+        _name_blocks(st.root)
+        used = {id(b.resolve()) for b in _referenced(st.root)} | {id(b) for _, b in inputs if b} | \
+            {id(b) for b in outputs}
+        buffers = [b for b in st.buffers if b.alias_of is None and id(b) in used]
+        fn_name = getattr(fn, "__name__", "program")
+        if fn_name == "program":
+            fn_name = getattr(fn, "__module__", "program").rsplit(".", 1)[-1]
+        return ETDG(fn_name, st.root, inputs, outputs, res, buffers)
+    finally:
+        _STATE = None
+
+
+def _referenced(block) -> list:
+    out = []
+    for n in block.body:
+        if isinstance(n, BlockNode):
+            out += _referenced(n)
+        elif n.op == "load":
+            out += [pc.buffer for pc in n.pieces if pc.buffer is not None]
+            out += [ix.index for pc in n.pieces for ix in pc.index if isinstance(ix, Gather)]
+        elif n.op == "store":
+            out.append(n.buffer)
+    return out
+
+
+def _dead_code(root):
+    """Drop operation nodes whose values no store needs, then blocks left empty."""
+    live = set()
+
+    def mark(node):
+        if id(node) in live:
+            return
+        live.add(id(node))
+        for a in node.inputs:
+            if isinstance(a, OpNode):
+                mark(a)
+
+    def visit(block):
+        for n in block.body:
+            if isinstance(n, BlockNode):
+                visit(n)
+            elif n.op == "store":
+                mark(n)
+    visit(root)
+
+    def sweep(block):
+        block.body = [n for n in block.body if (isinstance(n, BlockNode) or id(n) in live)]
+        for n in block.body:
+            if isinstance(n, BlockNode):
+                sweep(n)
+        block.body = [n for n in block.body if not (isinstance(n, BlockNode) and not n.body)]
+    sweep(root)
+
+
+def _merge_perfect_nests(block):
+    """A block whose body is exactly one block node is one perfect nest: merge their dims."""
+    for n in block.body:
+        if isinstance(n, BlockNode):
+            while len(n.body) == 1 and isinstance(n.body[0], BlockNode):
+                child = n.body[0]
+                n.dims += child.dims
+                n.body = child.body
+                for g in n.body:
+                    if isinstance(g, BlockNode):
+                        g.parent = n
+            _merge_perfect_nests(n)
+
+
+def _name_blocks(root):
+    k = 0
+
+    def walk(b):
+        nonlocal k
+        for n in b.body:
+            if isinstance(n, BlockNode):
+                n.name = f"b{k}"
+                k += 1
+                walk(n)
+    walk(root)
