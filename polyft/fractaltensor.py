@@ -1,0 +1,453 @@
+"""The eager FractalTensor: a nested list of static-shape numpy tensors, and its access operators.
+
+A FractalTensor of depth d holds a Python list of items: numpy arrays of one static shape at
+depth 1, FractalTensors of depth d-1 deeper. Siblings may differ in length (ragged). Access
+operators build new FractalTensors whose items are the very same objects (views), so element
+data is never copied: the paper's access operators "do not perform computations".
+
+`ListBase` carries the method names shared with `Zip` and the tracer's lists
+(`tracing.FTTracer`), so one user program runs unchanged eagerly and under tracing.
+"""
+from __future__ import annotations
+
+import operator
+import sys
+
+import numpy as np
+
+from .errors import (AccessError, DepthError, DTypeError, IndexRangeError, LengthMismatchError,
+                     RaggedError, ShapeError, WindowError)
+from .types import DTYPES, FTType, Length, dtype_name
+
+
+def is_traced(x) -> bool:
+    """True for the tracer's lists and values; operators and element math dispatch on it.
+
+    `tracing.Value` is looked up only once `polyft.tracing` is imported: no Value exists before.
+    """
+    if getattr(x, "_traced", False):
+        return True
+    trace = sys.modules.get(f"{__package__}.tracing")
+    return trace is not None and isinstance(x, getattr(trace, "Value", ()))
+
+
+def check_dtype(dtype, op: str) -> str:
+    """The dtype's name, which must be one of `types.DTYPES` (what type strings can express)."""
+    name = dtype_name(dtype)
+    if name not in DTYPES:
+        raise DTypeError(f"dtype {name} is not supported; use one of {', '.join(DTYPES)}", op=op)
+    return name
+
+
+def check_lists(lists, op: str) -> None:
+    """Every operand of a list operator must be a list (depth >= 1), not a tensor or Python list."""
+    if not lists:
+        raise DepthError("needs at least one list", op=op)
+    for x in lists:
+        if not isinstance(x, ListBase):
+            what = (f"the tensor {FTType((), x.shape, x.dtype.name)} (depth 0)"
+                    if isinstance(x, (np.ndarray, np.generic)) else f"a Python {type(x).__name__}")
+            raise DepthError(f"expects a FractalTensor (depth >= 1), got {what}; build one with "
+                             "ft.FractalTensor.from_numpy(arr, depth) or .from_list(items)", op=op)
+
+
+def check_same_length(lists, op: str) -> None:
+    """Lists combined element by element (zip, map over several lists) must have one length."""
+    first = lists[0].length
+    for k, xs in enumerate(lists[1:], 1):
+        if xs.length != first:
+            raise LengthMismatchError(
+                f"list 0 ({lists[0]!r}) has length {first} but list {k} ({xs!r}) has length "
+                f"{xs.length}", op=op)
+
+
+def _as_int(value, what: str, op: str) -> int:
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise AccessError(f"{what} must be an int, not {type(value).__name__}", op=op) from None
+
+
+class ListBase:
+    """The operator methods shared by eager lists, traced lists and zips.
+
+    Subclasses define `__len__`, `depth`, `__getitem__`, `window`, `gather`, `strided_split`,
+    `strided_merge` and `_repeat`; the other access operators are built from those here, and
+    the compute-operator methods forward to `operators`.
+    """
+
+    _traced = False
+
+    @property
+    def length(self):
+        """The length: an int for eager lists (the tracer may answer a symbolic `Length`)."""
+        return len(self)
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    # -- access operators --------------------------------------------------------------
+    def __getitem__(self, index):
+        """`xs[i]` (negative ok): an element; `xs[a:b:s]`: a sub-list with Python's semantics."""
+        raise NotImplementedError
+
+    def window(self, size: int, stride: int = 1, padding=0):
+        """Depth +1: `ys[w][j] = xs[w*stride + j - pad_left]`; padded positions read zeros."""
+        raise NotImplementedError
+
+    def gather(self, indices):
+        """Indirect access: `ys[i] = xs[indices[i]]`."""
+        raise NotImplementedError
+
+    def strided_split(self, d: int):
+        """Depth +1, the constantly strided access: `ys[r][j] = xs[r + j*d]`."""
+        raise NotImplementedError
+
+    def strided_merge(self):
+        """The inverse view of `strided_split`: `zs[t] = yss[t % d][t // d]`."""
+        raise NotImplementedError
+
+    def _repeat(self, n, inner: bool):
+        """Depth +1 broadcast view (for `product`): each element n times (inner) or the list n times."""
+        raise NotImplementedError
+
+    def shift(self, k: int):
+        """`ys[i] = xs[i + k]` over the valid positions only: length `L - |k|` (at least 0)."""
+        k = _as_int(k, "the shift", "shift")
+        return self[k:] if k >= 0 else self[:k]
+
+    def reverse(self):
+        """`ys[i] = xs[L-1-i]`."""
+        return self[::-1]
+
+    def shifted_slide(self, window: int):
+        """Listing 4's window centred on every element (zeros past the ends): same length."""
+        window = _as_int(window, "the window", "shifted_slide")
+        if window < 1 or window % 2 == 0:
+            raise WindowError(f"the window must be a positive odd size to be centred, got {window}",
+                              op="shifted_slide")
+        return self.window(window, 1, window // 2)
+
+    # -- compute operators as methods -------------------------------------------------
+    def map(self, f):
+        from . import operators
+        return operators.map(f, self)
+
+    def reduce(self, f, init=None):
+        from . import operators
+        return operators.reduce(f, self, init)
+
+    def foldl(self, f, init=None):
+        from . import operators
+        return operators.foldl(f, self, init)
+
+    def foldr(self, f, init=None):
+        from . import operators
+        return operators.foldr(f, self, init)
+
+    def scanl(self, f, init=None):
+        from . import operators
+        return operators.scanl(f, self, init)
+
+    def scanr(self, f, init=None):
+        from . import operators
+        return operators.scanr(f, self, init)
+
+
+class FractalTensor(ListBase):
+    """An eager nested list of static-shape numpy tensors (paper §4.1)."""
+
+    def __init__(self, items, depth: int, element_shape, dtype: str):
+        """Wrap items as they are, unchecked and uncopied; users build with from_numpy/from_list."""
+        self._items = list(items)
+        self._depth = depth
+        self._element_shape = tuple(element_shape)
+        self._dtype = dtype
+
+    # -- construction --------------------------------------------------------------------
+    @classmethod
+    def from_numpy(cls, arr, depth: int) -> "FractalTensor":
+        """View the leading `depth` axes of arr as programmable; elements are views into arr."""
+        arr = np.asarray(arr)
+        if not 1 <= depth <= arr.ndim:
+            raise DepthError(f"cannot view an array of shape {list(arr.shape)} as a list of depth "
+                             f"{depth} (need 1 <= depth <= {arr.ndim})", op="from_numpy")
+        return cls._wrap(arr, depth, check_dtype(arr.dtype, "from_numpy"))
+
+    @classmethod
+    def _wrap(cls, arr, depth, dtype):
+        items = [arr[i, ...] if depth == 1 else cls._wrap(arr[i], depth - 1, dtype)
+                 for i in range(arr.shape[0])]
+        return cls(items, depth, arr.shape[depth:], dtype)
+
+    @classmethod
+    def zeros(cls, lengths, element_shape, dtype: str = "float32") -> "FractalTensor":
+        """A regular list of zeros (read-only), e.g. the padding of a window."""
+        lengths = tuple(lengths)
+        data = np.zeros(lengths + tuple(element_shape), check_dtype(dtype, "zeros"))
+        data.flags.writeable = False
+        return cls.from_numpy(data, len(lengths))
+
+    @classmethod
+    def from_list(cls, items, element_shape=None, dtype=None) -> "FractalTensor":
+        """Build from nested Python lists whose leaves are tensors (or FractalTensors).
+
+        Siblings may differ in length; a list holding only empty lists needs element_shape.
+        With dtype, tensor leaves are cast to it (copying only where they differ).
+        """
+        if not isinstance(items, (list, tuple)):
+            raise DepthError(f"expects a Python list, got {type(items).__name__}", op="from_list")
+        depth, _ = _nest_depth(items)
+        signatures = set()
+        nest = _convert_leaves(items, depth, dtype, signatures)
+        shapes = {shape for shape, _ in signatures}
+        dtypes = {name for _, name in signatures}
+        if element_shape is not None:
+            shapes.add(tuple(element_shape))
+        if dtype is not None:
+            dtypes.add(check_dtype(dtype, "from_list"))
+        if not shapes:
+            raise ShapeError("a list of empty lists needs element_shape=", op="from_list")
+        if len(shapes) > 1:
+            raise ShapeError(f"elements of different shapes {sorted(list(s) for s in shapes)}", op="from_list")
+        if len(dtypes) > 1:
+            raise DTypeError(f"elements of different dtypes {sorted(dtypes)}", op="from_list")
+        return _wrap_nest(nest, depth, shapes.pop(), dtypes.pop() if dtypes else "float32")
+
+    # -- inspection ----------------------------------------------------------------------
+    def __len__(self):
+        return len(self._items)
+
+    def __iter__(self):
+        return iter(self._items)
+
+    @property
+    def depth(self) -> int:
+        return self._depth
+
+    @property
+    def element_shape(self) -> tuple:
+        return self._element_shape
+
+    @property
+    def dtype(self) -> str:
+        return self._dtype
+
+    def _level_lengths(self) -> list:
+        """For each level, outermost first, the set of lengths its lists have (empty: none there)."""
+        levels, nodes = [], [self]
+        for level in range(self._depth):
+            levels.append({len(n) for n in nodes})
+            if level + 1 < self._depth:
+                nodes = [child for n in nodes for child in n._items]
+        return levels
+
+    @property
+    def is_regular(self) -> bool:
+        """True when every level's lists have one length (the list is a dense tensor)."""
+        return all(len(lengths) <= 1 for lengths in self._level_lengths())
+
+    def _regular_lengths(self, op: str) -> tuple:
+        levels = self._level_lengths()
+        if any(len(lengths) > 1 for lengths in levels):
+            raise RaggedError(f"the list {self.type_string} is ragged", op=op)
+        return tuple(min(lengths, default=0) for lengths in levels)
+
+    @property
+    def type_string(self) -> str:
+        """The paper's notation, e.g. `[3, 5]float32[1, 4]`; `*` marks a ragged level."""
+        levels = ", ".join(str(min(s, default=0)) if len(s) <= 1 else "*" for s in self._level_lengths())
+        return f"[{levels}]{FTType((), self._element_shape, self._dtype)}"
+
+    @property
+    def ftype(self) -> FTType:
+        lengths = self._regular_lengths("ftype")
+        return FTType(tuple(Length.of(n) for n in lengths), self._element_shape, self._dtype)
+
+    def __repr__(self):
+        return self.type_string
+
+    def to_numpy(self) -> np.ndarray:
+        """A dense copy with the programmable axes first; ragged lists cannot be dense."""
+        out = np.empty(self._regular_lengths("to_numpy") + self._element_shape, self._dtype)
+        for i, item in enumerate(self._items):
+            out[i] = item if self._depth == 1 else item.to_numpy()
+        return out
+
+    # -- access operators ----------------------------------------------------------------
+    def _like(self, items, depth: int | None = None) -> "FractalTensor":
+        return FractalTensor(items, self._depth if depth is None else depth, self._element_shape, self._dtype)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            if index.step == 0:
+                raise WindowError("a slice step must not be zero", op="slice")
+            return self._like(self._items[index])
+        i = _as_int(index, "an index (or a slice)", "index")
+        n = len(self._items)
+        if not -n <= i < n:
+            raise IndexRangeError(f"index {i} is out of range for the list {self.type_string}", op="index")
+        return self._items[i]
+
+    def window(self, size: int, stride: int = 1, padding=0) -> "FractalTensor":
+        size = _as_int(size, "the window size", "window")
+        stride = _as_int(stride, "the stride", "window")
+        left, right = _padding(padding)
+        if size < 1 or stride < 1 or left < 0 or right < 0:
+            raise WindowError(f"needs size >= 1, stride >= 1 and padding >= 0, got size={size}, "
+                              f"stride={stride}, padding=({left}, {right})", op="window")
+        padded_length = len(self._items) + left + right
+        if size > padded_length:
+            raise WindowError(f"a window of size {size} does not fit the list {self.type_string} "
+                              f"padded by ({left}, {right})", op="window")
+        pad = [self._zero_item()] if left or right else []
+        padded = pad * left + self._items + pad * right
+        count = (padded_length - size) // stride + 1
+        return self._like([self._like(padded[w * stride: w * stride + size]) for w in range(count)],
+                          self._depth + 1)
+
+    def _zero_item(self):
+        """An element of zeros; deeper elements must be regular to know their lengths."""
+        if self._depth == 1:
+            return FractalTensor.zeros((1,), self._element_shape, self._dtype)[0]
+        lengths = self._regular_lengths("window")
+        if not self._items:
+            raise RaggedError("cannot pad an empty list of lists: its elements' lengths are unknown",
+                              op="window")
+        return FractalTensor.zeros(lengths[1:], self._element_shape, self._dtype)
+
+    def gather(self, indices) -> "FractalTensor":
+        idx = np.asarray(indices)
+        if idx.ndim != 1:
+            raise DepthError(f"gather indices must be a 1-D sequence, got shape {list(idx.shape)}", op="gather")
+        if idx.size and not np.issubdtype(idx.dtype, np.integer):
+            raise DTypeError(f"gather indices must be integers, got {idx.dtype}", op="gather")
+        n = len(self._items)
+        bad = idx[(idx < 0) | (idx >= n)]
+        if bad.size:
+            raise IndexRangeError(f"gather index {bad[0]} is outside [0, {n}) of the list {self.type_string}",
+                                  op="gather")
+        return self._like([self._items[i] for i in idx.tolist()])
+
+    def strided_split(self, d: int) -> "FractalTensor":
+        d = _as_int(d, "the stride", "strided_split")
+        if d < 1 or len(self._items) % d:
+            raise WindowError(f"a stride of {d} does not divide the list {self.type_string}", op="strided_split")
+        return self._like([self._like(self._items[r::d]) for r in range(d)], self._depth + 1)
+
+    def strided_merge(self) -> "FractalTensor":
+        if self._depth < 2:
+            raise DepthError(f"needs a list of depth >= 2, got {self.type_string}", op="strided_merge")
+        inner = {len(child) for child in self._items}
+        if len(inner) > 1:
+            raise RaggedError(f"needs sub-lists of one length, got {self.type_string}", op="strided_merge")
+        d = len(self._items)
+        merged = [self._items[t % d]._items[t // d] for t in range(d * min(inner, default=0))]
+        return FractalTensor(merged, self._depth - 1, self._element_shape, self._dtype)
+
+    def _repeat(self, n, inner: bool) -> "FractalTensor":
+        if inner:
+            return self._like([self._like([item] * n) for item in self._items], self._depth + 1)
+        return self._like([self] * n, self._depth + 1)
+
+
+def _padding(padding) -> tuple[int, int]:
+    """`padding` as (left, right): an int pads both ends alike."""
+    pair = (padding, padding) if np.ndim(padding) == 0 else tuple(padding)
+    if len(pair) != 2:
+        raise WindowError(f"padding must be an int or a (left, right) pair, got {padding!r}", op="window")
+    return _as_int(pair[0], "the padding", "window"), _as_int(pair[1], "the padding", "window")
+
+
+def _nest_depth(node) -> tuple[int, bool]:
+    """(depth, known) of a nested Python list; a nest of empty lists knows only a minimum depth."""
+    if isinstance(node, FractalTensor):
+        return node.depth, True
+    if not isinstance(node, (list, tuple)):
+        return 0, True
+    subs = [_nest_depth(child) for child in node]
+    known = {d for d, k in subs if k}
+    if len(known) > 1:
+        raise DepthError(f"siblings of different depths {sorted(known)}", op="from_list")
+    if not known:
+        return 1 + max((d for d, _ in subs), default=0), False
+    depth = known.pop()
+    if any(d > depth for d, _ in subs):
+        raise DepthError(f"an empty list nested deeper than its siblings' depth {depth}", op="from_list")
+    return depth + 1, True
+
+
+def _convert_leaves(node, depth, dtype, signatures):
+    """The nest with tensor leaves as arrays; collects each leaf's (shape, dtype)."""
+    if isinstance(node, FractalTensor):
+        signatures.add((node.element_shape, node.dtype))
+        return node
+    if depth == 0:
+        arr = np.asarray(node, dtype=dtype)
+        signatures.add((arr.shape, check_dtype(arr.dtype, "from_list")))
+        return arr
+    if not isinstance(node, (list, tuple)):
+        raise DepthError(f"a tensor where a list of depth {depth} was expected", op="from_list")
+    return [_convert_leaves(child, depth - 1, dtype, signatures) for child in node]
+
+
+def _wrap_nest(nest, depth, element_shape, dtype):
+    if isinstance(nest, FractalTensor):
+        return nest
+    items = nest if depth == 1 else [_wrap_nest(child, depth - 1, element_shape, dtype) for child in nest]
+    return FractalTensor(items, depth, element_shape, dtype)
+
+
+class Zip(ListBase):
+    """Lists of one length seen as one list of tuples; access operators apply to every component.
+
+    `depth` is the number of zipped levels: 1 for `ft.zip` (an element is a tuple), 2 for
+    `ft.product` (an element is a depth-1 Zip of pairs).
+    """
+
+    def __init__(self, components, depth: int = 1):
+        self.components = tuple(components)
+        check_lists(self.components, "zip")
+        check_same_length(self.components, "zip")
+        shallow = [c for c in self.components if c.depth < depth]
+        if shallow:
+            raise DepthError(f"cannot zip {depth} levels of {shallow[0]!r}", op="zip")
+        self.depth = depth
+
+    @property
+    def _traced(self):
+        return any(c._traced for c in self.components)
+
+    def __len__(self):
+        return len(self.components[0])
+
+    @property
+    def length(self):
+        return self.components[0].length
+
+    def __repr__(self):
+        return f"zip({', '.join(repr(c) for c in self.components)})"
+
+    def _each(self, depth: int, method: str, *args) -> "Zip":
+        return Zip([getattr(c, method)(*args) for c in self.components], depth)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return self._each(self.depth, "__getitem__", index)
+        parts = [c[index] for c in self.components]
+        return Zip(parts, self.depth - 1) if self.depth > 1 else tuple(parts)
+
+    def window(self, size: int, stride: int = 1, padding=0) -> "Zip":
+        return self._each(self.depth + 1, "window", size, stride, padding)
+
+    def gather(self, indices) -> "Zip":
+        return self._each(self.depth, "gather", indices)
+
+    def strided_split(self, d: int) -> "Zip":
+        return self._each(self.depth + 1, "strided_split", d)
+
+    def strided_merge(self) -> "Zip":
+        return self._each(max(self.depth - 1, 1), "strided_merge")
+
+    def _repeat(self, n, inner: bool) -> "Zip":
+        return self._each(self.depth + 1, "_repeat", n, inner)
