@@ -1,0 +1,152 @@
+"""Eager semantics of the compute operators (paper Table 1), one element at a time on numpy.
+
+This is the reference every compiled path is checked against, so it follows the definitions
+literally: one sequential loop per operator, with the state's type checked at every step and
+user errors reported at the user's line.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import errors
+from .errors import EmptyReduceError, ReturnTypeError, StateTypeError
+from .fractaltensor import FractalTensor, ListBase, Zip, check_lists, check_same_length
+from .types import DTYPES, FTType
+
+_VALUE_KINDS = "a tensor, a FractalTensor, or a tuple of them"
+_ELEMENT_AS_STATE = "an element (the first state, without init)"
+
+
+def compute(op: str, f, lists: tuple, init):
+    """Run `op` in {map, reduce, foldl, foldr, scanl, scanr} as Table 1 and docs/design.md define it."""
+    check_lists(lists, op)
+    if len(lists) > 1:
+        check_same_length(lists, op)
+    xs = lists[0] if len(lists) == 1 else Zip(lists)
+    if op == "map":
+        return _map(f, xs, unpack=len(lists) > 1)
+    return _aggregate(op, f, xs, init)
+
+
+def _map(f, xs, unpack: bool):
+    def apply(x):
+        return _call("map", f, x if unpack else (x,))
+
+    if len(xs) == 0:
+        with np.errstate(all="ignore"):
+            probe = apply(_zero_list(xs)[0])
+        return _empty(_result_key("map", probe))
+    results = [apply(xs[i]) for i in range(len(xs))]
+    key = _result_key("map", results[0])
+    for i, result in enumerate(results[1:], 1):
+        if _result_key("map", result) != key:
+            raise ReturnTypeError(f"the function returned {_describe(results[0])} for element 0 but "
+                                  f"{_describe(result)} for element {i}; every result must have one type",
+                                  op="map")
+    return _assemble(results)
+
+
+def _aggregate(op: str, f, xs, init):
+    right, scan = op in ("foldr", "scanr"), op.startswith("scan")
+    order = list(range(len(xs)))
+    if right:
+        order.reverse()
+    if init is None and not order:
+        if not scan:
+            raise EmptyReduceError(f"{op} of an empty list needs an init value", op=op)
+        return _empty(_state_key(op, _zero_list(xs)[0], _ELEMENT_AS_STATE))
+    if init is None:
+        state = xs[order.pop(0)]
+        _state_key(op, state, _ELEMENT_AS_STATE)
+        outputs = [state]
+    else:
+        _state_key(op, init, "init")
+        state, outputs = init, []
+    for i in order:
+        new = _call(op, f, (xs[i], state) if right else (state, xs[i]))
+        if _result_key(op, new) != _structure(state):
+            raise StateTypeError(f"the state has type {_describe(state)} but the function returned "
+                                 f"{_describe(new)}; the state's type must be the same at every step", op=op)
+        state = new
+        outputs.append(state)
+    if not scan:
+        return state
+    if right:
+        outputs.reverse()
+    return _assemble(outputs) if outputs else _empty(_structure(init))
+
+
+def _call(op: str, f, args: tuple):
+    """Call the user function; a numpy error inside it is reported at the user's line."""
+    try:
+        return f(*args)
+    except (ValueError, IndexError) as exc:
+        raise errors.reraise_from_user_code(op, exc) from exc
+
+
+# -- values: types, descriptions, assembly ---------------------------------------------------
+def _structure(value):
+    """A hashable key of value's type, lengths ignored; None if value is not a valid result."""
+    if isinstance(value, (np.ndarray, np.generic)):
+        return ("tensor", value.shape, value.dtype.name) if value.dtype.name in DTYPES else None
+    if isinstance(value, FractalTensor):
+        return ("list", value.depth, value.element_shape, value.dtype)
+    if isinstance(value, tuple) and value:
+        keys = tuple(_structure(v) for v in value)
+        return None if None in keys else ("tuple", keys)
+    return None
+
+
+def _describe(value) -> str:
+    if isinstance(value, (np.ndarray, np.generic)):
+        return str(FTType((), value.shape, value.dtype.name))
+    if isinstance(value, ListBase):
+        return repr(value)
+    if isinstance(value, tuple):
+        return "(" + ", ".join(_describe(v) for v in value) + ")"
+    return f"a Python {type(value).__name__}"
+
+
+def _result_key(op: str, value):
+    key = _structure(value)
+    if key is None:
+        raise ReturnTypeError(f"the function must return {_VALUE_KINDS} (dtype one of "
+                              f"{', '.join(DTYPES)}), not {_describe(value)}", op=op)
+    return key
+
+
+def _state_key(op: str, value, what: str):
+    key = _structure(value)
+    if key is None:
+        hint = " (make a constant with ft.zeros(shape) or ft.full(shape, value))" \
+            if isinstance(value, (int, float)) else ""
+        raise StateTypeError(f"{what} must be {_VALUE_KINDS}, not {_describe(value)}{hint}", op=op)
+    return key
+
+
+def _assemble(results: list):
+    """Stack per-element results into lists; tuples of results become tuples of lists (unzip)."""
+    first = results[0]
+    if isinstance(first, tuple):
+        return tuple(_assemble([r[k] for r in results]) for k in range(len(first)))
+    if isinstance(first, FractalTensor):
+        return FractalTensor(results, first.depth + 1, first.element_shape, first.dtype)
+    return FractalTensor([np.asarray(r) for r in results], 1, first.shape, first.dtype.name)
+
+
+def _empty(key):
+    """The empty list (or tuple of them) whose elements would have the type `key`."""
+    if key[0] == "tuple":
+        return tuple(_empty(k) for k in key[1])
+    if key[0] == "list":
+        _, depth, shape, dtype = key
+        return FractalTensor([], depth + 1, shape, dtype)
+    _, shape, dtype = key
+    return FractalTensor([], 1, shape, dtype)
+
+
+def _zero_list(xs):
+    """A list of length 1 at every level, of zeros, shaped like xs: stands in for an empty list's elements."""
+    if isinstance(xs, Zip):
+        return Zip([_zero_list(c) for c in xs.components], xs.depth)
+    return FractalTensor.zeros((1,) * xs.depth, xs.element_shape, xs.dtype)
