@@ -11,5 +11,5 @@ __version__ = "0.1.0"
 
 def trace(fn, *inputs_or_specs):
     """Trace `fn` on concrete inputs or `ft.spec`s into an ETDG (paper §4.4)."""
-    from .trace import trace as _trace
+    from .tracing import trace as _trace
     return _trace(fn, *inputs_or_specs)

@@ -76,6 +76,7 @@ class Value:
 
     __array_ufunc__ = None  # numpy defers to our reflected operators
     __array_priority__ = 1000
+    _traced = True
 
     def __init__(self, shape, dtype, node: OpNode | None = None, block=None, const=None):
         self.shape = tuple(int(s) for s in shape)
@@ -130,7 +131,7 @@ class Value:
 
 _DUNDER = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "truediv": operator.truediv,
            "matmul": operator.matmul, "neg": operator.neg, "getitem": lambda x, key: x[key],
-           "transpose": lambda x: np.swapaxes(x, -1, -2)}
+           "transpose": lambda x: np.swapaxes(x, -1, -2), "copy": np.copy}
 
 
 def eager_op(name: str):
@@ -189,12 +190,23 @@ def _use(v: Value):
     st = _state()
     if v.const is not None:
         return ("const", v.const)
-    if v.block is st.block:
+    if v.block is st.block and not _child_block_since(v.node, st.block):
         return v.node
-    key = (id(v), id(st.block))
+    key = (id(v), id(st.block), _last_child(st.block))  # one reload per statement
     if key not in st.reemitted:
         st.reemitted[key] = st.emit(OpNode("load", [], v.shape, v.dtype, pieces=_pieces_of(v)))
     return st.reemitted[key]
+
+
+def _last_child(block) -> int:
+    """Position of the last child block node in the body (-1 if none)."""
+    return max((k for k, n in enumerate(block.body) if isinstance(n, BlockNode)), default=-1)
+
+
+def _child_block_since(node, block) -> bool:
+    """Whether a child block node follows `node`: operation nodes on either side of it are
+    different statements, so a value crossing it must be reloaded or materialized."""
+    return _last_child(block) > block.body.index(node)
 
 
 def _pieces_of(v: Value) -> list:
@@ -281,6 +293,10 @@ class FTTracer(ListBase):
                 "(trace with concrete inputs, or use a compute operator instead of a Python loop)", op=op)
         return n.const
 
+    @property
+    def length(self) -> Length:
+        return self.lengths[0]
+
     def __len__(self):
         return self._concrete_len("len")
 
@@ -341,19 +357,6 @@ class FTTracer(ListBase):
         return self._reindex({self.places[0]: Aff.of(start) + Aff.of(q) * step},
                              [length] + self.lengths[1:], [q] + self.places[1:])
 
-    def shift(self, k: int):
-        n = self.lengths[0]
-        if n.is_concrete and abs(k) > n.const:
-            raise WindowError(f"shift by {k} is longer than the list ({self.type_string})", op="shift")
-        q = self._new_place()
-        return self._reindex({self.places[0]: Aff.of(q) + max(k, 0)},
-                             [n - abs(k)] + self.lengths[1:], [q] + self.places[1:])
-
-    def reverse(self):
-        n = self.lengths[0]
-        q = self._new_place()
-        return self._reindex({self.places[0]: Aff.of(n - 1) - q}, self.lengths, [q] + self.places[1:])
-
     def window(self, size: int, stride: int = 1, padding=0):
         lo, hi = (padding, padding) if isinstance(padding, int) else padding
         n = self.lengths[0]
@@ -378,9 +381,6 @@ class FTTracer(ListBase):
                Piece((Constraint(pos - Aff.of(n)),), None, (), zero)]
         inside.pieces += [p.substitute({}) for p in pad]
         return inside
-
-    def shifted_slide(self, window: int):
-        return self.window(window, 1, padding=window // 2)
 
     def strided_split(self, d: int):
         n = self.lengths[0]
@@ -474,7 +474,7 @@ def _lift(x, op):
     if isinstance(x, FractalTensor):
         return _const_list(x)
     if isinstance(x, Zip):
-        return Zip([_lift(c, op) for c in x.components])
+        return Zip([_lift(c, op) for c in x.components], x.depth)
     if isinstance(x, tuple):
         return tuple(_lift(v, op) for v in x)
     if isinstance(x, (np.ndarray, np.generic)):
@@ -526,8 +526,10 @@ def _sources(lists, op):
 
 
 def _element(src, pos: Aff):
+    """The element at `pos`; a zip over several levels yields a zip one level shallower."""
     if isinstance(src, Zip):
-        return tuple(_element(c, pos) for c in src.components)
+        parts = [_element(c, pos) for c in src.components]
+        return Zip(parts, src.depth - 1) if src.depth > 1 else tuple(parts)
     return src._bind(pos)
 
 

@@ -1,0 +1,136 @@
+"""Instance-by-instance execution of an ETDG on numpy buffers, in the original schedule.
+
+This is deliberately naive and independent of ISL: domains are enumerated with Python loops,
+access maps are evaluated from the ETDG's `Aff`s, and the original schedule is the position
+vector of every statement. It checks the tracer (the result must equal eager execution) and,
+recording addresses, it is the brute-force reference for ISL's dependence analysis.
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from .errors import InputError, PolyftError
+from .etdg import ETDG, Gather
+from .fractaltensor import FractalTensor
+from .tracing import eager_op
+
+
+def bind_params(etdg: ETDG, args) -> dict:
+    """Values of the symbolic lengths, read off the concrete inputs' shapes."""
+    params = {}
+    for (name, buf), arg in zip(etdg.inputs, args):
+        if buf is None:
+            continue
+        arr = arg.to_numpy() if isinstance(arg, FractalTensor) else np.asarray(arg)
+        if arr.shape[buf.depth:] != buf.element_shape or arr.ndim != buf.depth + len(buf.element_shape):
+            raise InputError(f"input {name} should be {buf.type}, got an array of shape {list(arr.shape)}",
+                             op="run")
+        for k, n in enumerate(buf.dims):
+            if n.is_concrete:
+                if n.const != arr.shape[k]:
+                    raise InputError(f"input {name} dim {k} should be {n}, got {arr.shape[k]}", op="run")
+            elif len(n.terms) == 1 and not n.floors and n.const == 0 and list(n.terms.values()) == [1]:
+                p = next(iter(n.terms))
+                if params.setdefault(p, arr.shape[k]) != arr.shape[k]:
+                    raise InputError(f"length {p} is {params[p]} elsewhere but {arr.shape[k]} in input {name}",
+                                     op="run")
+    return params
+
+
+def instances(etdg: ETDG, params: dict):
+    """All statement instances (statement, {dim: value}, time vector) in original order."""
+    width = max((len(st.position) for st in etdg.statements), default=0)
+    out = []
+    for st in etdg.statements:
+        ranges = [range(d.extent.evaluate(params)) for d in st.dims]
+        for point in itertools.product(*ranges):
+            env = dict(zip(st.dims, point))
+            time = [item if isinstance(item, int) else
+                    (item.extent.evaluate(params) - 1 - env[item] if item.reversed else env[item])
+                    for item in st.position]
+            out.append((tuple(time) + (0,) * (width - len(time)), st, env))
+    out.sort(key=lambda x: x[0])
+    return [(st, env, time) for time, st, env in out]
+
+
+def _index(ix, env, params, storage):
+    if isinstance(ix, Gather):
+        return int(storage[ix.index.resolve()][ix.pos.evaluate(env, params)])
+    return ix.evaluate(env, params)
+
+
+def run(etdg: ETDG, *args, record=None):
+    """Execute the ETDG; `record(st, env, reads, writes)` sees every instance's addresses
+    (reads/writes: lists of (buffer name, index tuple))."""
+    params = bind_params(etdg, args)
+    storage = {}
+    for (name, buf), arg in zip(etdg.inputs, args):
+        if buf is not None:
+            storage[buf] = arg.to_numpy() if isinstance(arg, FractalTensor) else np.asarray(arg)
+    written = {}
+    for b in etdg.buffers:
+        b = b.resolve()
+        if b.kind in ("const", "index"):
+            storage[b] = b.value
+        elif b.kind in ("intermediate", "output"):
+            shape = tuple(n.evaluate(params) for n in b.dims) + b.element_shape
+            storage[b] = np.full(shape, np.nan, dtype=b.dtype)
+            written[b] = np.zeros(shape[:b.depth], dtype=bool)
+    for st, env, _ in instances(etdg, params):
+        vals, reads, writes = {}, [], []
+        for op in st.ops:
+            if op.op == "load":
+                vals[op] = _load(op, env, params, storage, written, reads)
+            elif op.op == "store":
+                buf = op.buffer.resolve()
+                idx = tuple(_index(ix, env, params, storage) for ix in op.index)
+                if written[buf][idx]:
+                    raise PolyftError(f"{st.name} writes {buf.name}{list(idx)} a second time", op="run")
+                storage[buf][idx] = _operand(op.inputs[0], vals)
+                written[buf][idx] = True
+                writes.append((buf.name, idx))
+            else:
+                args_ = [_operand(a, vals) for a in op.inputs]
+                fn = eager_op(op.op)
+                vals[op] = np.asarray(fn(args_, **op.attrs) if op.op == "concat" else fn(*args_, **op.attrs),
+                                      dtype=op.dtype)
+        if record is not None:
+            record(st, env, reads, writes)
+    return _outputs(etdg, storage)
+
+
+def _operand(a, vals):
+    return a[1] if isinstance(a, tuple) else vals[a]
+
+
+def _load(op, env, params, storage, written, reads):
+    live = [pc for pc in op.pieces if all(c.holds(env, params) for c in pc.conds)]
+    if len(live) != 1:
+        raise PolyftError(f"load {op!r}: {len(live)} pieces apply at {env} (exactly one must)", op="run")
+    pc = live[0]
+    if pc.buffer is None:
+        return np.asarray(pc.const, dtype=op.dtype)
+    buf = pc.buffer.resolve()
+    idx = tuple(_index(ix, env, params, storage) for ix in pc.index)
+    if buf in written and not written[buf][idx]:
+        raise PolyftError(f"load {op!r} reads {buf.name}{list(idx)} before it is written", op="run")
+    reads.append((buf.name, idx))
+    return storage[buf][idx]
+
+
+def _outputs(etdg, storage):
+    flat = []
+    for b in etdg.outputs:
+        b = b.resolve()
+        arr = storage[b]
+        flat.append(FractalTensor.from_numpy(arr, b.depth) if b.depth else arr)
+    it = iter(flat)
+
+    def rebuild(like):
+        return tuple(rebuild(v) for v in like) if isinstance(like, tuple) else next(it)
+    return rebuild(etdg.out_tree)
+
+
+
