@@ -11,7 +11,8 @@ starting from (-inf, 0, 0); a final map divides o by l. (Listing 3 divides by th
 inside the loop; keeping o unnormalised and dividing once is FlashAttention-2's form.)
 
 Types: qsss [B, NH, TQ]float32[tq, d], ksss, vsss [B, NH, TK]float32[tk, d]
--> [B, NH, TQ]float32[tq, d].
+-> [B, NH, TQ]float32[tq, d]. (The paper preset's inputs take 2.5 GB: use its specs, or
+override B / NH for data.)
 """
 from __future__ import annotations
 
