@@ -35,6 +35,7 @@ class Dependences:
     reuse: list = field(default_factory=list)
 
     def describe(self, context=None) -> str:
+        """Everything as ISL strings, simplified under `context` where given."""
         def show(um):
             maps = _maps(um)
             return [f"  {m.gist_params(context) if context is not None else m}" for m in maps] or ["  (none)"]

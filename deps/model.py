@@ -33,15 +33,22 @@ class PolyModel:
     accesses: list = field(default_factory=list)  # (statement name, AccessMap, isl.Map)
 
     def describe(self) -> str:
+        """Domains, accesses and the original schedule as ISL strings (simplified under the
+        context, so the trivial `N >= 0` constraints do not clutter them)."""
+        g = self.gist
         lines = ["context: " + str(self.context), "domains:"]
-        lines += [f"  {d}" for d in self.domains.values()]
+        lines += [f"  {g(d)}" for d in self.domains.values()]
         lines.append("reads:")
-        lines += [f"  {m}" for _, am, m in self.accesses if am.kind == "read"]
+        lines += [f"  {g(m)}" + ("   (may: gather)" if am.is_gather else "")
+                  for _, am, m in self.accesses if am.kind == "read"]
         lines.append("writes:")
-        lines += [f"  {m}" for _, am, m in self.accesses if am.kind == "write"]
+        lines += [f"  {g(m)}" for _, am, m in self.accesses if am.kind == "write"]
         lines.append("original schedule:")
-        lines += [f"  {m}" for m in _maps(self.schedule)]
+        lines += [f"  {g(m)}" for m in _maps(self.schedule)]
         return "\n".join(lines)
+
+    def gist(self, obj):
+        return obj.gist_params(self.context)
 
 
 def _maps(um) -> list:
@@ -131,7 +138,7 @@ def build(etdg: ETDG, sizes: dict | None = None) -> PolyModel:
         raise LengthMismatchError(f"sizes name unknown lengths {sorted(unknown)}; the program's lengths "
                                   f"are {params}", op="model")
     prefix = f"[{', '.join(params)}] -> " if params else ""
-    ctx_conds = [f"{p} >= 0" for p in params] + [f"{p} = {v}" for p, v in sizes.items()]
+    ctx_conds = [f"{p} >= 0" for p in params] + [f"{p} = {v}" for p, v in sizes.items()] + etdg.assumptions
     context = isl.Set(f"{prefix}{{ : {' and '.join(ctx_conds) or 'true'} }}")
     namer = _Namer(params)
     width = max((len(st.position) for st in etdg.statements), default=0)

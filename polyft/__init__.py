@@ -13,3 +13,9 @@ def trace(fn, *inputs_or_specs):
     """Trace `fn` on concrete inputs or `ft.spec`s into an ETDG (paper §4.4)."""
     from .tracing import trace as _trace
     return _trace(fn, *inputs_or_specs)
+
+
+def analyze(fn, *inputs_or_specs, sizes=None):
+    """Trace `fn` and build its polyhedral model and dependences (no code generation)."""
+    from .program import analyze as _analyze
+    return _analyze(fn, *inputs_or_specs, sizes=sizes)

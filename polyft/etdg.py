@@ -435,6 +435,7 @@ class ETDG:
         self.outputs = outputs  # flat list of output Buffers
         self.out_tree = out_tree  # how outputs nest: a Buffer-index pytree
         self.buffers = buffers
+        self.assumptions: list = []  # ISL constraints on lengths (e.g. divisibility) relied on
         self.statements = self._statements()
 
     # -- structure -----------------------------------------------------------------
@@ -493,23 +494,25 @@ class ETDG:
                 names |= d.extent.params
         return sorted(names)
 
-    @property
-    def depth(self) -> int:
-        """Block nodes on the longest root-to-leaf path (paper §4.4)."""
+    def _longest(self, own) -> int:
+        """Longest root-to-leaf path, each block contributing own(block); an operation node
+        on static-shape tensors counts as the element-level block node it lowers to (§5.1),
+        contributing its rank, as the paper counts Listing 1: depth 2, dimension 5."""
         def walk(b):
             kids = [walk(n) for n in b.body if isinstance(n, BlockNode)]
-            return 1 + max(kids, default=0)
-        return max((walk(n) for n in self.root.body if isinstance(n, BlockNode)), default=0)
+            leaf = max((len(op.shape) for op in b.body if isinstance(op, OpNode)), default=0)
+            return own(b) + max(kids + [own(leaf) if leaf else 0])
+        return walk(self.root)
+
+    @property
+    def depth(self) -> int:
+        """Number of block nodes on the longest path from the root to a leaf (§4.4)."""
+        return self._longest(lambda b: 1 if isinstance(b, int) or b.dims else 0)
 
     @property
     def dimension(self) -> int:
-        """Sum of block dims along the longest path, static element dims included (§4.4)."""
-        def walk(b):
-            kids = [walk(n) for n in b.body if isinstance(n, BlockNode)]
-            own = len(b.dims)
-            leaf_rank = max((len(op.shape) for op in b.body if isinstance(op, OpNode)), default=0)
-            return own + max(kids + [leaf_rank])
-        return max((walk(n) for n in self.root.body if isinstance(n, BlockNode)), default=0)
+        """Sum of the block nodes' dims along the longest path (§4.4), static dims included."""
+        return self._longest(lambda b: b if isinstance(b, int) else len(b.dims))
 
     # -- printing --------------------------------------------------------------------
     def signature(self) -> str:

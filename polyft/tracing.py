@@ -39,6 +39,7 @@ class _TraceState:
         self.n_const = 0
         self.reemitted: dict = {}  # (value id, block name) -> OpNode
         self.materialized: dict = {}  # value id -> Buffer
+        self.assumptions: list = []  # ISL constraints on the lengths the program relies on
 
     def new_buffer(self, dims, shape, dtype, kind="intermediate", value=None, name=None, created_in=()):
         """`created_in`: the dims of the context in which the buffer is one list value."""
@@ -386,6 +387,8 @@ class FTTracer(ListBase):
         n = self.lengths[0]
         if n.is_concrete and n.const % d:
             raise WindowError(f"strided_split({d}) needs a length divisible by {d}, got {n}", op="strided_split")
+        if not n.is_concrete and d > 1:
+            _state().assumptions.append(f"({n}) mod {d} = 0")
         r, j = self._new_place(), self._new_place()
         return self._reindex({self.places[0]: Aff.of(r) + Aff.of(j) * d},
                              [Length.of(d), n // d] + self.lengths[1:], [r, j] + self.places[1:])
@@ -400,7 +403,12 @@ class FTTracer(ListBase):
                               op="strided_merge")
         t = self._new_place()
         env = {self.places[0]: Aff.of(t).mod(d.const), self.places[1]: Aff.of(t).floordiv(d.const)}
-        return self._reindex(env, [self.lengths[1] * d.const] + self.lengths[2:], [t] + self.places[2:])
+        inner = self.lengths[1]
+        # floor(m/d)*d is m after strided_split(d), which requires (and assumes) d | m
+        merged = inner.floors[0][1] if (not inner.terms and inner.const == 0 and len(inner.floors) == 1
+                                        and inner.floors[0][0] == 1 and inner.floors[0][2] == d.const) \
+            else inner * d.const
+        return self._reindex(env, [merged] + self.lengths[2:], [t] + self.places[2:])
 
     def gather(self, indices):
         idx = np.asarray(indices)
@@ -787,7 +795,9 @@ def trace(fn, *args) -> ETDG:
         fn_name = getattr(fn, "__name__", "program")
         if fn_name == "program":
             fn_name = getattr(fn, "__module__", "program").rsplit(".", 1)[-1]
-        return ETDG(fn_name, st.root, inputs, outputs, res, buffers)
+        etdg = ETDG(fn_name, st.root, inputs, outputs, res, buffers)
+        etdg.assumptions = list(dict.fromkeys(st.assumptions))
+        return etdg
     finally:
         _STATE = None
 

@@ -29,9 +29,10 @@ def program(a_tiles, b_tiles, c_tiles):
     """[MT]float32[tm, K], [NT]float32[K, tn], [NT]float32[tn, P] -> [MT]float32[tm, P]."""
     tm = a_tiles.element_shape[0]
     P = c_tiles.element_shape[-1]
-    return a_tiles.map(
+    d_tiles = a_tiles.map(
         lambda a: ft.reduce(lambda acc, bc: acc + (a @ bc[0]) @ bc[1],
                             ft.zip(b_tiles, c_tiles), ft.zeros((tm, P))))
+    return d_tiles
 
 
 def matrices(preset="small", seed=0, **overrides):

@@ -59,7 +59,8 @@ def program(qss, kss, vss):
         wo = ft.map(lambda s, wv: s[:, bs:4 * bs] @ ft.concat(wv, axis=0), scores, wvs[2:-2])
         return ft.map(lambda a, b, c: a + b + c, go1, go2, wo)
 
-    return ft.map(sequence, qss, kss, vss)
+    oss = ft.map(sequence, qss, kss, vss)
+    return oss
 
 
 def inputs(preset="small", seed=0, **overrides):

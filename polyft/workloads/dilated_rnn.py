@@ -53,7 +53,8 @@ def program(xss, wss, uss, bss):
             xs = dilated_layer(xs, 2 ** k, wss[k], uss[k], bss[k])
         return xs
 
-    return xss.map(sentence)
+    ysss = xss.map(sentence)
+    return ysss
 
 
 def inputs(preset="small", seed=0, **overrides):

@@ -57,7 +57,8 @@ def program(qsss, ksss, vsss):
         _, ls, outs = qs.map(lambda q: attend(q, ks, vs))
         return ft.map(lambda l, o: o / l, ls, outs)
 
-    return ft.map(lambda qss, kss, vss: ft.map(head, qss, kss, vss), qsss, ksss, vsss)
+    osss = ft.map(lambda qss, kss, vss: ft.map(head, qss, kss, vss), qsss, ksss, vsss)
+    return osss
 
 
 def inputs(preset="small", seed=0, **overrides):

@@ -56,7 +56,8 @@ def program(xss, yss, wx, wy, ws, u1s, u2s, bs):
 
         return ft.scanl(layer, ft.zip(ws, u1s, u2s, bs), g0)
 
-    return ft.map(pair, xss, yss)
+    hssss = ft.map(pair, xss, yss)
+    return hssss
 
 
 def inputs(preset="small", seed=0, **overrides):

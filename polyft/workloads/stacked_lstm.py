@@ -63,7 +63,8 @@ def program(xss, wss, uss, bss):
         # the state of the layer scan is a layer's (hs, cs); below layer 0 there is no cell state
         return ft.scanl(layer, ft.zip(wss, uss, bss), (xs, xs.map(ft.zeros_like)))
 
-    return xss.map(sentence)
+    hsss, csss = xss.map(sentence)
+    return hsss, csss
 
 
 def inputs(preset="small", seed=0, **overrides):

@@ -33,10 +33,11 @@ PRESETS = {
 def program(xss, ws):
     """xss: [N, L]float32[1, H], ws: [D]float32[H, H] -> [N, D, L]float32[1, H]."""
     H = xss.element_shape[-1]
-    return xss.map(
+    ysss = xss.map(
         lambda xs: ws.scanl(
             lambda hs, w: hs.scanl(lambda s, x: x @ w + s, ft.zeros((1, H))),
             xs))
+    return ysss
 
 
 def inputs(preset="small", seed=0, **overrides):
