@@ -25,8 +25,8 @@ def _shape(name: str, x) -> tuple:
 
 
 def _traced(name: str, args: tuple, attrs: dict):
-    from . import tracing as trace
-    return trace.apply_op(name, args, attrs)
+    from . import tracing
+    return tracing.apply_op(name, args, attrs)
 
 
 def broadcast_shape(name: str, a: tuple, b: tuple) -> tuple:

@@ -11,7 +11,6 @@ data is never copied: the paper's access operators "do not perform computations"
 from __future__ import annotations
 
 import operator
-import sys
 
 import numpy as np
 
@@ -21,14 +20,11 @@ from .types import DTYPES, FTType, Length, dtype_name
 
 
 def is_traced(x) -> bool:
-    """True for the tracer's lists and values; operators and element math dispatch on it.
+    """True for the tracer's lists and values (`tracing.FTTracer`, `tracing.Value`, zips of them).
 
-    `tracing.Value` is looked up only once `polyft.tracing` is imported: no Value exists before.
+    They all carry `_traced = True`; operators and element math dispatch on it.
     """
-    if getattr(x, "_traced", False):
-        return True
-    trace = sys.modules.get(f"{__package__}.tracing")
-    return trace is not None and isinstance(x, getattr(trace, "Value", ()))
+    return getattr(x, "_traced", False) is True
 
 
 def check_dtype(dtype, op: str) -> str:

@@ -1,7 +1,7 @@
 """The public operators: compute (`ft.map`, `ft.reduce`, folds, scans) and combining (`ft.zip`, `ft.product`).
 
 A compute operator runs eagerly on numpy (`eager`) unless one of its lists or its init is the
-tracer's, in which case `trace` records it into the ETDG instead; the user's code is the same.
+tracer's, in which case `tracing` records it into the ETDG instead; the user's code is the same.
 """
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ def _leaves(tree) -> list:
 
 def _compute(op: str, f, lists: tuple, init):
     if any(is_traced(x) for x in (*lists, *_leaves(init))):
-        from . import tracing as trace
-        return trace.traced_compute(op, f, lists, init)
+        from . import tracing
+        return tracing.traced_compute(op, f, lists, init)
     return eager.compute(op, f, lists, init)
 
 
