@@ -48,6 +48,7 @@ def _map(f, xs, unpack: bool):
 
 def _aggregate(op: str, f, xs, init):
     right, scan = op in ("foldr", "scanr"), op.startswith("scan")
+    init = _unzip(init)
     order = list(range(len(xs)))
     if right:
         order.reverse()
@@ -79,9 +80,14 @@ def _aggregate(op: str, f, xs, init):
 def _call(op: str, f, args: tuple):
     """Call the user function; a numpy error inside it is reported at the user's line."""
     try:
-        return f(*args)
+        return _unzip(f(*args))
     except (ValueError, IndexError) as exc:
         raise errors.reraise_from_user_code(op, exc) from exc
+
+
+def _unzip(value):
+    """A zip of lists stands for the tuple of its lists (as under tracing)."""
+    return tuple(value.components) if isinstance(value, Zip) else value
 
 
 # -- values: types, descriptions, assembly ---------------------------------------------------
