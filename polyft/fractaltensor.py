@@ -124,7 +124,7 @@ class ListBase:
                               op="shifted_slide")
         return self.window(window, 1, window // 2)
 
-    # -- compute operators as methods -------------------------------------------------
+    # -- compute operators as methods (imported late: operators imports this module) ---
     def map(self, f):
         from . import operators
         return operators.map(f, self)
