@@ -666,7 +666,11 @@ def traced_compute(op: str, f, lists, init):
         some = ge(Aff.of(extent), 1)
         none = eq(Aff.of(extent), 0)
         got = v._bind(last)
-        pieces = _pieces_of(got) if isinstance(got, Value) else got.pieces
+        if isinstance(got, Value):
+            pieces = _pieces_of(got)
+        else:  # a list state: its pieces must use the result's places (the init leaf's)
+            pieces = [pc.substitute({g: Aff.of(p) for g, p in zip(got.places, leaf.places)})
+                      for pc in got.pieces]
         pieces = [pc.restrict((some,)) for pc in pieces]
         pieces += _state_pieces(leaf, none) if not (extent.is_concrete and extent.const > 0) else []
         pieces = [p for p in pieces if p is not None]
