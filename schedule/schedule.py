@@ -1,0 +1,372 @@
+"""Schedules over ISL: the original nest order, and the paper's reordering (§5.2).
+
+Every block node is a *band*: its dims form a perfect nest, which FractalTensor's operators
+make fully permutable. For each band the dependences among the statements below it that
+are not carried further out (zero distance on the enclosing dims) give distance vectors on
+the band's dims; Lamport's hyperplane π (the first row of T) carries all of them, and the
+other rows of T move reuse dims inward. The statement's time vector interleaves the block
+sequence numbers with `T · v` for each band on its path, where `v` are the band's dims
+oriented in execution order (a right aggregate's dim counts down). Every schedule — ours,
+the original, or one a user supplies — is checked against the exact dependences with ISL.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import islpy as isl
+import numpy as np
+
+from deps.analyze import Dependences, _point_set
+from deps.linalg import complete_unimodular, lamport_hyperplane
+from deps.model import PolyModel, _maps, _Namer
+from polyft.errors import ScheduleError
+from polyft.etdg import BlockNode
+
+
+@dataclass
+class Band:
+    """One block node's dims: the unit the hyperplane method transforms."""
+
+    block: BlockNode
+    outer: int  # number of enclosing dims
+    statements: list  # names of the statements below the block
+    distances: object = None  # set of tuples (finite), isl.Set (unbounded), or empty set
+    pi: tuple | None = None
+    T: np.ndarray | None = None
+    reuse: list = field(default_factory=list)  # band-dim indices along which data is reused
+
+    @property
+    def dims(self):
+        return self.block.dims
+
+    @property
+    def sequential(self) -> bool:
+        return self.pi is not None
+
+
+@dataclass
+class Schedule:
+    kind: str  # "auto", "original" or "user"
+    map: isl.UnionMap  # statement instance -> time vector
+    per_statement: dict  # name -> isl.Map
+    T: dict  # statement name -> unimodular matrix over its dims (numpy int)
+    bands: list
+    parallel: list  # per time dim: True when it carries no dependence
+    sequential_steps: int | None  # critical path in steps, for concrete sizes
+
+    def describe(self, context=None) -> str:
+        g = (lambda m: m.gist_params(context)) if context is not None else (lambda m: m)
+        lines = [f"{self.kind} schedule:"]
+        lines += [f"  {g(m)}" for m in self.per_statement.values()]
+        kinds = ["par" if p else "seq" for p in self.parallel]
+        lines.append(f"  time dims: [{', '.join(kinds)}]"
+                     + (f"; sequential steps: {self.sequential_steps}" if self.sequential_steps is not None else ""))
+        for b in self.bands:
+            if b.T is not None:
+                dims = ", ".join(d.name for d in b.dims)
+                lines.append(f"  band {b.block.name} [{dims}] p = [{', '.join(b.block.p)}]: "
+                             f"distances {sorted(b.distances) if isinstance(b.distances, set) else b.distances}, "
+                             f"pi = {b.pi}, reuse dims {[b.dims[k].name for k in b.reuse]}, "
+                             f"T = {b.T.tolist()}")
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------
+# Bands and their distance vectors
+
+
+def bands(model: PolyModel) -> list:
+    """One Band per block node (outermost first), with its statements."""
+    out = []
+    for blk in model.etdg.blocks():
+        if not blk.dims:
+            continue
+        names = [st.name for st in model.etdg.statements if _below(st.block, blk)]
+        out.append(Band(blk, len(blk.context()) - len(blk.dims), names))
+    return out
+
+
+def _below(block, ancestor) -> bool:
+    while block is not None:
+        if block is ancestor:
+            return True
+        block = block.parent
+    return False
+
+
+def _all_deps(deps: Dependences) -> isl.UnionMap:
+    return deps.may_flow.union(deps.anti).union(deps.output)
+
+
+def band_distances(band: Band, deps: Dependences) -> isl.Set | None:
+    """Distance vectors on the band's dims (execution-oriented) of the dependences among its
+    statements that no enclosing dim carries; None when there are none."""
+    k = band.outer + len(band.dims)
+    result = None
+    for m in _maps(_all_deps(deps)):
+        src, dst = m.get_tuple_name(isl.dim_type.in_), m.get_tuple_name(isl.dim_type.out)
+        if src not in band.statements or dst not in band.statements:
+            continue
+        n_in, n_out = m.dim(isl.dim_type.in_), m.dim(isl.dim_type.out)
+        p = m.project_out(isl.dim_type.in_, k, n_in - k).project_out(isl.dim_type.out, k, n_out - k)
+        p = p.reset_tuple_id(isl.dim_type.in_).reset_tuple_id(isl.dim_type.out)
+        d = p.deltas()
+        for o in range(band.outer):  # not carried further out
+            d = d.fix_val(isl.dim_type.set, o, isl.Val.zero(d.get_ctx()))
+        d = d.project_out(isl.dim_type.set, 0, band.outer)
+        for c, dim in enumerate(band.dims):
+            if dim.reversed:
+                d = d.apply(_negate(d.get_space(), c))
+        zero = isl.Set.universe(d.get_space())
+        for c in range(len(band.dims)):
+            zero = zero.fix_val(isl.dim_type.set, c, isl.Val.zero(d.get_ctx()))
+        d = d.subtract(zero)
+        if not d.is_empty():
+            result = d if result is None else result.union(d)
+    return result.coalesce() if result is not None else None
+
+
+def _negate(space, c) -> isl.Map:
+    n = space.dim(isl.dim_type.set)
+    names = [f"x{i}" for i in range(n)]
+    outs = [f"-{x}" if i == c else x for i, x in enumerate(names)]
+    params = [space.get_dim_name(isl.dim_type.param, i) for i in range(space.dim(isl.dim_type.param))]
+    prefix = f"[{', '.join(params)}] -> " if params else ""
+    return isl.Map(f"{prefix}{{ [{', '.join(names)}] -> [{', '.join(outs)}] }}")
+
+
+def hyperplane(dist: isl.Set, n: int, max_coef: int = 4) -> tuple:
+    """The hyperplane π (non-negative, π·d >= 1 for every distance d): Lamport's method on a
+    finite distance set, else the smallest π that ISL proves carries the whole (parametric)
+    set."""
+    pts = _point_set(dist)
+    if pts is not None:
+        return lamport_hyperplane(sorted(pts), n)
+    for total in range(1, max_coef * n + 1):
+        for pi in _vectors_with_sum(n, total, max_coef):
+            if _carries(dist, pi):
+                return pi
+    raise ScheduleError(f"no hyperplane with coefficients <= {max_coef} carries the distances {dist}",
+                        op="schedule")
+
+
+def _vectors_with_sum(n, total, max_coef):
+    for combo in itertools.product(range(max_coef + 1), repeat=n):
+        if sum(combo) == total:
+            yield combo
+
+
+def _carries(dist: isl.Set, pi) -> bool:
+    n = len(pi)
+    names = [f"x{i}" for i in range(n)]
+    dot = " + ".join(f"{c}*{x}" for c, x in zip(pi, names) if c) or "0"
+    space = dist.get_space()
+    params = [space.get_dim_name(isl.dim_type.param, i) for i in range(space.dim(isl.dim_type.param))]
+    prefix = f"[{', '.join(params)}] -> " if params else ""
+    bad = isl.Set(f"{prefix}{{ [{', '.join(names)}] : {dot} <= 0 }}")
+    return dist.intersect(bad).is_empty()
+
+
+def _reuse_dims(band: Band, model: PolyModel) -> list:
+    """Band dims along which some read of the band's statements touches the same data: the
+    unit vectors in the null space of its access matrix (paper §5.2)."""
+    out = set()
+    for name, am, _ in model.accesses:
+        if am.kind != "read" or name not in band.statements or not am.is_affine:
+            continue
+        M = am.M
+        for c in range(len(band.dims)):
+            if not M[:, band.outer + c].any():
+                out.add(c)
+    return sorted(out)
+
+
+def _permutation(order, n) -> np.ndarray:
+    T = np.zeros((n, n), dtype=object)
+    for r, c in enumerate(order):
+        T[r, c] = 1
+    return T
+
+
+def reorder_band(band: Band, model: PolyModel, deps: Dependences) -> Band:
+    """Fill in the band's distances, π and T (paper §5.2)."""
+    n = len(band.dims)
+    dist = band_distances(band, deps)
+    band.reuse = _reuse_dims(band, model)
+    if dist is None:
+        band.distances = set()
+        band.pi = None
+        plain = [c for c in range(n) if c not in band.reuse]
+        band.T = _permutation(plain + band.reuse, n)  # all parallel: reuse dims innermost
+        return band
+    pts = _point_set(dist)
+    band.distances = pts if pts is not None else dist
+    band.pi = hyperplane(dist, n)
+    support = {c for c, a in enumerate(band.pi) if a}
+    band.T = complete_unimodular(band.pi, n, reuse_dims=[c for c in band.reuse if c not in support])
+    return band
+
+
+# ---------------------------------------------------------------------------------------
+# Building schedules
+
+
+def _oriented(dim, name) -> str:
+    return f"({dim.extent} - 1 - {name})" if dim.reversed else name
+
+
+def _row(coeffs, terms) -> str:
+    parts = [t if c == 1 else f"{c}*{t}" for c, t in zip(coeffs, terms) if c]
+    return " + ".join(parts) if parts else "0"
+
+
+def _statement_maps(model: PolyModel, band_T: dict) -> dict:
+    """Per statement: S[dims] -> [seq, T·v, seq, T·v, ..., seq] (padded)."""
+    namer = _Namer(model.params)
+    prefix = f"[{', '.join(model.params)}] -> " if model.params else ""
+    width = max((len(st.position) for st in model.etdg.statements), default=0)
+    out = {}
+    for st in model.etdg.statements:
+        names = {d: namer(d) for d in st.dims}
+        items, k = [], 0
+        pos = st.position
+        while k < len(pos):
+            item = pos[k]
+            if isinstance(item, int):
+                items.append(str(item))
+                k += 1
+                continue
+            blk = next(b for b in model.etdg.blocks() if b.dims and b.dims[0] is item)
+            v = [_oriented(d, names[d]) for d in blk.dims]
+            T = band_T.get(blk.name)
+            rows = T if T is not None else np.eye(len(v), dtype=int)
+            items += [_row(list(r), v) for r in rows]
+            k += len(blk.dims)
+        items += ["0"] * (width - len(items))
+        bounds = [f"0 <= {names[d]} < {d.extent}" for d in st.dims]
+        text = (f"{prefix}{{ {st.name}[{', '.join(names[d] for d in st.dims)}] -> [{', '.join(items)}]"
+                f" : {' and '.join(bounds) or 'true'} }}")
+        out[st.name] = isl.Map(text).intersect_params(model.context)
+    return out
+
+
+def _statement_T(model: PolyModel, band_T: dict) -> dict:
+    """Block-diagonal T over each statement's dims (the bands on its path)."""
+    out = {}
+    for st in model.etdg.statements:
+        n = len(st.dims)
+        T = np.zeros((n, n), dtype=np.int64)
+        off = 0
+        for blk in _path(st.block):
+            k = len(blk.dims)
+            Tb = band_T.get(blk.name)
+            T[off:off + k, off:off + k] = np.eye(k, dtype=np.int64) if Tb is None else np.asarray(Tb, dtype=np.int64)
+            off += k
+        out[st.name] = T
+    return out
+
+
+def _path(block) -> list:
+    chain = []
+    while block is not None:
+        if block.dims:
+            chain.insert(0, block)
+        block = block.parent
+    return chain
+
+
+def _union(maps) -> isl.UnionMap:
+    maps = list(maps)
+    if not maps:
+        return isl.UnionMap("{ }")
+    u = isl.UnionMap.from_map(maps[0])
+    for m in maps[1:]:
+        u = u.union(isl.UnionMap.from_map(m))
+    return u
+
+
+def check_legal(per_statement: dict, deps: Dependences) -> None:
+    """Every dependence must go forward in time (lexicographically), else ScheduleError."""
+    for m in _maps(_all_deps(deps)):
+        src, dst = m.get_tuple_name(isl.dim_type.in_), m.get_tuple_name(isl.dim_type.out)
+        s1, s2 = per_statement[src], per_statement[dst]
+        lexge = isl.Map.lex_ge(s1.get_space().range())
+        backwards = s1.apply_range(lexge).apply_range(s2.reverse())
+        bad = m.intersect(backwards)
+        if not bad.is_empty():
+            raise ScheduleError(f"the schedule violates the dependence {bad} "
+                                f"(scheduled {s1} and {s2})", op="schedule")
+
+
+def _parallel_dims(per_statement: dict, deps: Dependences) -> list:
+    """A time dim is parallel when no dependence is carried at that level."""
+    width = next(iter(per_statement.values())).dim(isl.dim_type.out) if per_statement else 0
+    pairs = None
+    for m in _maps(_all_deps(deps)):
+        src, dst = m.get_tuple_name(isl.dim_type.in_), m.get_tuple_name(isl.dim_type.out)
+        t = m.apply_domain(per_statement[src]).apply_range(per_statement[dst])
+        pairs = t if pairs is None else pairs.union(t)
+    parallel = []
+    for k in range(width):
+        if pairs is None:
+            parallel.append(True)
+            continue
+        carried = pairs
+        for j in range(k):
+            carried = carried.equate(isl.dim_type.in_, j, isl.dim_type.out, j)
+        same = carried.equate(isl.dim_type.in_, k, isl.dim_type.out, k)
+        parallel.append(carried.subtract(same).is_empty())
+    return parallel
+
+
+def sequential_steps(model: PolyModel, per_statement: dict, parallel: list) -> int | None:
+    """Distinct values of the sequential time dims over all instances: the critical path in
+    steps when every parallel dim runs at once. Needs concrete sizes."""
+    if any(p not in model.sizes for p in model.params):
+        return None
+    times = None
+    for name, m in per_statement.items():
+        img = model.domains[name].apply(m)
+        times = img if times is None else times.union(img)
+    if times is None:
+        return 0
+    for k in reversed(range(len(parallel))):
+        if parallel[k]:
+            times = times.project_out(isl.dim_type.set, k, 1)
+    count = 0
+
+    def add(_):
+        nonlocal count
+        count += 1
+    times.coalesce().foreach_point(add)
+    return count
+
+
+def make_schedule(model: PolyModel, deps: Dependences, kind="auto") -> Schedule:
+    """`kind`: "auto" (hyperplane reordering), "original" (the nest as written), or an ISL
+    schedule (isl.UnionMap or its string) that a user supplies; each is checked legal."""
+    if isinstance(kind, (str, isl.UnionMap)) and kind not in ("auto", "original"):
+        user = kind if isinstance(kind, isl.UnionMap) else isl.UnionMap(kind)
+        per = {}
+        for m in _maps(user.intersect_params(model.context)):
+            per[m.get_tuple_name(isl.dim_type.in_)] = m
+        missing = set(model.domains) - set(per)
+        if missing:
+            raise ScheduleError(f"the schedule gives no time to {sorted(missing)}", op="schedule")
+        return _finish("user", model, deps, per, {}, [])
+    bs = bands(model)
+    band_T = {}
+    if kind == "auto":
+        for b in bs:
+            reorder_band(b, model, deps)
+            band_T[b.block.name] = b.T
+    return _finish(kind, model, deps, _statement_maps(model, band_T), band_T, bs)
+
+
+def _finish(kind, model, deps, per, band_T, bs) -> Schedule:
+    check_legal(per, deps)
+    parallel = _parallel_dims(per, deps)
+    steps = sequential_steps(model, per, parallel)
+    T = _statement_T(model, band_T) if kind != "user" else {}
+    return Schedule(kind, _union(per.values()), per, T, bs, parallel, steps)
