@@ -102,24 +102,31 @@ def _all_deps(deps: Dependences) -> isl.UnionMap:
 def band_distances(band: Band, deps: Dependences) -> isl.Set | None:
     """Distance vectors on the band's dims (execution-oriented) of the dependences among its
     statements that no enclosing dim carries; None when there are none."""
-    k = band.outer + len(band.dims)
+    return distances(deps, band.statements, band.outer, [d.reversed for d in band.dims])
+
+
+def distances(deps: Dependences, statements, outer: int, reversed_dims) -> isl.Set | None:
+    """Distances on dims outer..outer+n of the dependences among `statements` with zero
+    distance on the first `outer` dims; dims flagged in `reversed_dims` run backwards."""
+    n = len(reversed_dims)
+    k = outer + n
     result = None
     for m in _maps(_all_deps(deps)):
         src, dst = m.get_tuple_name(isl.dim_type.in_), m.get_tuple_name(isl.dim_type.out)
-        if src not in band.statements or dst not in band.statements:
+        if src not in statements or dst not in statements:
             continue
         n_in, n_out = m.dim(isl.dim_type.in_), m.dim(isl.dim_type.out)
         p = m.project_out(isl.dim_type.in_, k, n_in - k).project_out(isl.dim_type.out, k, n_out - k)
         p = p.reset_tuple_id(isl.dim_type.in_).reset_tuple_id(isl.dim_type.out)
         d = p.deltas()
-        for o in range(band.outer):  # not carried further out
+        for o in range(outer):  # not carried further out
             d = d.fix_val(isl.dim_type.set, o, isl.Val.zero(d.get_ctx()))
-        d = d.project_out(isl.dim_type.set, 0, band.outer)
-        for c, dim in enumerate(band.dims):
-            if dim.reversed:
+        d = d.project_out(isl.dim_type.set, 0, outer)
+        for c, rev in enumerate(reversed_dims):
+            if rev:
                 d = d.apply(_negate(d.get_space(), c))
         zero = isl.Set.universe(d.get_space())
-        for c in range(len(band.dims)):
+        for c in range(n):
             zero = zero.fix_val(isl.dim_type.set, c, isl.Val.zero(d.get_ctx()))
         d = d.subtract(zero)
         if not d.is_empty():

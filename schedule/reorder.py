@@ -1,0 +1,211 @@
+"""The reordering of one iteration space by a unimodular T (paper §5.2, Figure 6, Table 5):
+reuse dims from the access relations, T, the transformed access maps A(j) = (M·T⁻¹) j + o,
+and the new loop bounds by projection over ISL — the Fourier–Motzkin step — printed as
+`[max(...), min(...))` ranges like Table 5."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import islpy as isl
+import numpy as np
+
+from deps.analyze import Dependences, _point_set
+from deps.linalg import complete_unimodular, transform_access
+from deps.model import PolyModel
+
+
+def reuse_dims(access: isl.Map, dims) -> list:
+    """Input dims (indices in `dims`) that no output coordinate of the access depends on:
+    their unit vectors lie in the null space of the access (the same data is reused)."""
+    out = []
+    n_out = access.dim(isl.dim_type.out)
+    for c in dims:
+        moving = False
+        for bm in access.get_basic_maps():
+            for con in bm.get_constraints():
+                if con.get_coefficient_val(isl.dim_type.in_, c).is_zero():
+                    continue
+                if any(not con.get_coefficient_val(isl.dim_type.out, r).is_zero() for r in range(n_out)) \
+                        or any(not con.get_coefficient_val(isl.dim_type.div, q).is_zero()
+                               for q in range(bm.dim(isl.dim_type.div))):
+                    moving = True
+        if not moving:
+            out.append(c)
+    return out
+
+
+def reuse_of(model: PolyModel, statements, dims) -> list:
+    """Union over the reads of `statements` of their reuse dims among `dims`."""
+    found = set()
+    for name, am, m in model.accesses:
+        if am.kind == "read" and name in statements:
+            found.update(reuse_dims(m, dims))
+    return sorted(found)
+
+
+@dataclass
+class Reordering:
+    """π, T and what they were derived from, for one iteration space."""
+
+    names: list  # original dim names (t)
+    distances: object  # set of tuples or isl.Set
+    pi: tuple | None
+    reuse: list  # dim indices carrying reuse
+    T: np.ndarray
+
+    @property
+    def new_names(self) -> list:
+        return [f"j{len(self.names) - r}" for r in range(len(self.names))]
+
+    def meaning(self) -> list:
+        """Figure 6's right column: each new dim as a combination of the old ones."""
+        rows = []
+        for r, row in enumerate(self.T):
+            expr = " + ".join((n if c == 1 else f"{c}*{n}") for c, n in zip(row, self.names) if c)
+            kind = "seq" if (r == 0 and self.pi is not None) else "par"
+            rows.append(f"{self.new_names[r]} = {expr or '0'}  ({kind})")
+        return rows
+
+
+def reorder(model: PolyModel, deps: Dependences, name: str, distances) -> Reordering:
+    """Hyperplane + completion for the (single-statement) iteration space `name` whose
+    distance set is `distances` (an isl.Set or None)."""
+    from .schedule import hyperplane  # the band machinery shares the hyperplane search
+    dom = model.domains[name]
+    n = dom.dim(isl.dim_type.set)
+    names = [dom.get_dim_name(isl.dim_type.set, k) for k in range(n)]
+    reuse = reuse_of(model, [name], range(n))
+    if distances is None:
+        plain = [c for c in range(n) if c not in reuse]
+        T = np.zeros((n, n), dtype=object)
+        for r, c in enumerate(plain + reuse):
+            T[r, c] = 1
+        return Reordering(names, set(), None, reuse, T)
+    pi = hyperplane(distances, n)
+    support = {c for c, a in enumerate(pi) if a}
+    T = complete_unimodular(pi, n, reuse_dims=[c for c in reuse if c not in support])
+    pts = _point_set(distances)
+    return Reordering(names, pts if pts is not None else distances, pi, reuse, T)
+
+
+def _t_map(model: PolyModel, name: str, R: Reordering) -> isl.Map:
+    prefix = f"[{', '.join(model.params)}] -> " if model.params else ""
+    rows = [" + ".join(f"{c}*{x}" for c, x in zip(row, R.names) if c) or "0" for row in R.T]
+    return isl.Map(f"{prefix}{{ {name}[{', '.join(R.names)}] -> [{', '.join(rows)}] }}")
+
+
+def transformed_accesses(model: PolyModel, name: str, R: Reordering) -> list:
+    """(kind, buffer, new access map over j as ISL, M·T⁻¹, o) for the statement's accesses."""
+    Tinv = _t_map(model, name, R).reverse()
+    out = []
+    for s, am, m in model.accesses:
+        if s != name:
+            continue
+        new = Tinv.apply_range(m)
+        new = new.reset_tuple_id(isl.dim_type.in_)
+        for k, jn in enumerate(R.new_names):
+            new = new.set_dim_name(isl.dim_type.in_, k, jn)
+        M, o = access_matrix(m)
+        mt = transform_access(M, R.T) if len(M) else None
+        out.append((am.kind, am.buffer.resolve().name, new.gist_params(model.context), mt, o))
+    return out
+
+
+def access_matrix(m: isl.Map):
+    """(M, o) of an access relation: one row per output coordinate that is an affine
+    function of the iteration vector (equalities of the affine hull); coordinates read as a
+    whole range (a matmul's contraction) or fixed (a unit dim) have no row, as in Table 5."""
+    hull = m.affine_hull()
+    n_in, n_out = m.dim(isl.dim_type.in_), m.dim(isl.dim_type.out)
+    rows, offs = [], []
+    for r in range(n_out):
+        for con in hull.get_constraints():
+            if not con.is_equality():
+                continue
+            cr = con.get_coefficient_val(isl.dim_type.out, r).to_python()
+            others = [con.get_coefficient_val(isl.dim_type.out, q).to_python() for q in range(n_out) if q != r]
+            if abs(cr) != 1 or any(others):
+                continue
+            row = [-cr * con.get_coefficient_val(isl.dim_type.in_, c).to_python() for c in range(n_in)]
+            if any(row):
+                rows.append(row)
+                offs.append(-cr * con.get_constant_val().to_python())
+            break
+    return np.array(rows, dtype=object).reshape(len(rows), n_in), offs
+
+
+def _affine_text(con, pos, names, params, sign, add=0) -> str:
+    """The bound on dim `pos` that constraint `con` gives: sign*(rest)/|c| + add."""
+    c = con.get_coefficient_val(isl.dim_type.set, pos).to_python()
+    terms = []
+    for k, n in enumerate(names):
+        if k != pos:
+            v = con.get_coefficient_val(isl.dim_type.set, k).to_python()
+            if v:
+                terms.append((-v * sign, n))
+    for k, p in enumerate(params):
+        v = con.get_coefficient_val(isl.dim_type.param, k).to_python()
+        if v:
+            terms.append((-v * sign, p))
+    den = abs(c)
+    const = -con.get_constant_val().to_python() * sign + add * den
+    text = ""
+    for v, n in sorted(terms, key=lambda t: (t[1] not in params, t[1])):
+        s = n if abs(v) == 1 else f"{abs(v)}*{n}"
+        text += (" - " if v < 0 else " + ") + s if text else ("-" if v < 0 else "") + s
+    if const or not text:
+        text += (f" - {-const}" if const < 0 else f" + {const}") if text else str(const)
+    return text if den == 1 else f"({text})/{den}"
+
+
+def bounds(model: PolyModel, name: str, R: Reordering) -> list:
+    """Per new dim, its range given the outer new dims: ISL projects the inner dims out
+    (Fourier–Motzkin) and the remaining constraints on the dim give its bounds."""
+    td = model.domains[name].apply(_t_map(model, name, R)).gist_params(model.context)
+    n = len(R.names)
+    params = list(model.params)
+    out = []
+    for l in range(n):
+        proj = td.project_out(isl.dim_type.set, l + 1, n - l - 1).remove_redundancies().coalesce()
+        names = R.new_names[:l + 1]
+        pieces = []
+        for bs in proj.get_basic_sets():
+            lo, hi = [], []
+            for con in bs.get_constraints():
+                c = con.get_coefficient_val(isl.dim_type.set, l).to_python()
+                if c == 0 or any(not con.get_coefficient_val(isl.dim_type.div, q).is_zero()
+                                 for q in range(bs.dim(isl.dim_type.div))):
+                    continue
+                sign = 1 if c > 0 else -1
+                if con.is_equality() or c > 0:
+                    lo.append(_affine_text(con, l, names, params, sign))
+                if con.is_equality() or c < 0:  # x <= rest/|c|: the exclusive bound adds 1
+                    hi.append(_affine_text(con, l, names, params, sign, add=1))
+            pieces.append(f"[{_join('max', lo)}, {_join('min', hi)})")
+        out.append((R.new_names[l], " ∪ ".join(pieces)))
+    return out
+
+
+def _join(fn, items) -> str:
+    items = list(dict.fromkeys(items))
+    if not items:
+        return "-inf" if fn == "max" else "inf"
+    return items[0] if len(items) == 1 else f"{fn}({', '.join(items)})"
+
+
+def table(model: PolyModel, name: str, R: Reordering) -> str:
+    """Figure 6 and Table 5 for one iteration space, as text."""
+    lines = [f"T = {R.T.tolist()}   (pi = {R.pi}, distances {sorted(R.distances) if isinstance(R.distances, set) else R.distances})"]
+    lines += ["  " + m for m in R.meaning()]
+    lines.append("range constraints (Fourier–Motzkin over ISL):")
+    lines += [f"  {n} in {b}" for n, b in bounds(model, name, R)]
+    lines.append("transformed access maps A(j) = (M·T⁻¹) j + o:")
+    for kind, buf, m, mt, o in transformed_accesses(model, name, R):
+        lines.append(f"  {kind} {buf}: {m}")
+        if mt is not None:
+            lines.append(f"      M·T⁻¹ = {mt.tolist()}, o = {o}")
+    return "\n".join(lines)
+
+
+
+
