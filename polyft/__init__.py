@@ -15,7 +15,7 @@ def trace(fn, *inputs_or_specs):
     return _trace(fn, *inputs_or_specs)
 
 
-def analyze(fn, *inputs_or_specs, sizes=None):
-    """Trace `fn` and build its polyhedral model and dependences (no code generation)."""
+def analyze(fn, *inputs_or_specs, schedule="auto", sizes=None):
+    """Trace `fn`, build its polyhedral model and dependences, and schedule it (no code)."""
     from .program import analyze as _analyze
-    return _analyze(fn, *inputs_or_specs, sizes=sizes)
+    return _analyze(fn, *inputs_or_specs, schedule=schedule, sizes=sizes)

@@ -39,12 +39,37 @@ def cmd_inspect(args) -> int:
         with open(args.dot, "w") as f:
             f.write(etdg.to_dot())
         print(f"\nwrote {args.dot}")
-    if args.deps:
+    if args.deps or args.schedule:
         from .program import analyze
         prog = analyze(mod.program, *specs, sizes=_sizes(args.size))
-        print("\n" + prog.model.describe())
-        print(prog.deps.describe(prog.model.context))
+        if args.deps:
+            print("\n" + prog.model.describe())
+            print(prog.deps.describe(prog.model.context))
+        if args.schedule:
+            print("\n" + _schedules(prog))
     return 0
+
+
+def _schedules(prog) -> str:
+    """Original and transformed schedules side by side, per statement, with T and bounds."""
+    from schedule.reorder import bounds
+    orig, auto, ctx = prog.original_schedule(), prog.schedule, prog.model.context
+    lines = ["schedules (original | auto):"]
+    for name in auto.per_statement:
+        lines.append(f"  {name}")
+        lines.append(f"    original: {orig.per_statement[name].gist_params(ctx)}")
+        lines.append(f"    auto:     {auto.per_statement[name].gist_params(ctx)}")
+        lines.append(f"    T = {auto.T[name].tolist()}")
+        rng = bounds(prog.model, name, auto.reordering(prog.model, name))
+        lines.append("    bounds: " + ", ".join(f"{n} in {b}" for n, b in rng))
+    for label, s in (("original", orig), ("auto", auto)):
+        kinds = ", ".join("par" if p else "seq" for p in s.parallel)
+        steps = f", sequential steps {s.sequential_steps}" if s.sequential_steps is not None else \
+            " (sequential steps: give concrete --size)"
+        lines.append(f"  {label} time dims [{kinds}]{steps}")
+    lines.append("bands:")
+    lines += [ln for ln in auto.describe(ctx).splitlines() if ln.startswith("  band")]
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -59,6 +84,8 @@ def main(argv=None) -> int:
     p.add_argument("--dot", metavar="FILE", help="also write the ETDG as Graphviz DOT")
     p.add_argument("--deps", action="store_true",
                    help="print domains, access relations, dependences and distance vectors")
+    p.add_argument("--schedule", action="store_true",
+                   help="print the original and transformed schedules (ISL strings, T, bounds)")
     p.add_argument("--size", metavar="N=2,L=4", help="fix symbolic lengths (concrete ISL strings)")
     p.set_defaults(run=cmd_inspect)
     args = parser.parse_args(argv)

@@ -55,6 +55,13 @@ class Schedule:
     parallel: list  # per time dim: True when it carries no dependence
     sequential_steps: int | None  # critical path in steps, for concrete sizes
 
+    def reordering(self, model, name):
+        """The statement's T as a `reorder.Reordering`, for bounds and transformed accesses."""
+        from .reorder import Reordering
+        dom = model.domains[name]
+        names = [dom.get_dim_name(isl.dim_type.set, k) for k in range(dom.dim(isl.dim_type.set))]
+        return Reordering(names, set(), None, [], self.T[name])
+
     def describe(self, context=None) -> str:
         g = (lambda m: m.gist_params(context)) if context is not None else (lambda m: m)
         lines = [f"{self.kind} schedule:"]
