@@ -52,6 +52,7 @@ class Reordering:
     pi: tuple | None
     reuse: list  # dim indices carrying reuse
     T: np.ndarray
+    raw: object = None  # the distance set as ISL computed it (for printing)
 
     @property
     def new_names(self) -> list:
@@ -85,7 +86,8 @@ def reorder(model: PolyModel, deps: Dependences, name: str, distances) -> Reorde
     support = {c for c, a in enumerate(pi) if a}
     T = complete_unimodular(pi, n, reuse_dims=[c for c in reuse if c not in support])
     pts = _point_set(distances)
-    return Reordering(names, pts if pts is not None else distances, pi, reuse, T)
+    return Reordering(names, pts if pts is not None else distances, pi, reuse, T,
+                      distances.gist_params(model.context))
 
 
 def _t_map(model: PolyModel, name: str, R: Reordering) -> isl.Map:
@@ -193,9 +195,16 @@ def _join(fn, items) -> str:
     return items[0] if len(items) == 1 else f"{fn}({', '.join(items)})"
 
 
+def show_distances(dist) -> str:
+    """A few distance vectors as tuples; many (or an unbounded set) as the ISL set."""
+    if isinstance(dist, set):
+        return str(sorted(dist)) if len(dist) <= 12 else f"{len(dist)} vectors"
+    return str(dist)
+
+
 def table(model: PolyModel, name: str, R: Reordering) -> str:
     """Figure 6 and Table 5 for one iteration space, as text."""
-    lines = [f"T = {R.T.tolist()}   (pi = {R.pi}, distances {sorted(R.distances) if isinstance(R.distances, set) else R.distances})"]
+    lines = [f"T = {R.T.tolist()}   (pi = {R.pi})", f"distances: {show_distances(R.raw)}"]
     lines += ["  " + m for m in R.meaning()]
     lines.append("range constraints (Fourier–Motzkin over ISL):")
     lines += [f"  {n} in {b}" for n, b in bounds(model, name, R)]

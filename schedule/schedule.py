@@ -23,6 +23,8 @@ from deps.model import PolyModel, _maps, _Namer
 from polyft.errors import ScheduleError
 from polyft.etdg import BlockNode
 
+from .reorder import show_distances
+
 
 @dataclass
 class Band:
@@ -57,7 +59,7 @@ class Schedule:
 
     def reordering(self, model, name):
         """The statement's T as a `reorder.Reordering`, for bounds and transformed accesses."""
-        from .reorder import Reordering
+        from .reorder import Reordering  # reorder imports this module's hyperplane search
         dom = model.domains[name]
         names = [dom.get_dim_name(isl.dim_type.set, k) for k in range(dom.dim(isl.dim_type.set))]
         return Reordering(names, set(), None, [], self.T[name])
@@ -73,7 +75,7 @@ class Schedule:
             if b.T is not None:
                 dims = ", ".join(d.name for d in b.dims)
                 lines.append(f"  band {b.block.name} [{dims}] p = [{', '.join(b.block.p)}]: "
-                             f"distances {sorted(b.distances) if isinstance(b.distances, set) else b.distances}, "
+                             f"distances {show_distances(b.distances)}, "
                              f"pi = {b.pi}, reuse dims {[b.dims[k].name for k in b.reuse]}, "
                              f"T = {b.T.tolist()}")
         return "\n".join(lines)
