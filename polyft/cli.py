@@ -72,6 +72,14 @@ def _schedules(prog) -> str:
     return "\n".join(lines)
 
 
+def cmd_reproduce(args) -> int:
+    from experiments.reproduce import reproduce, summary
+    preset = "paper" if args.paper else "quick"
+    rows = reproduce(args.artefacts, preset=preset, out_dir=args.out)
+    print("\n" + summary(rows))
+    return 0 if all(r[1] == "ok" for r in rows) else 1
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="polyft", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -88,6 +96,13 @@ def main(argv=None) -> int:
                    help="print the original and transformed schedules (ISL strings, T, bounds)")
     p.add_argument("--size", metavar="N=2,L=4", help="fix symbolic lengths (concrete ISL strings)")
     p.set_defaults(run=cmd_inspect)
+    p = sub.add_parser("reproduce", help="run the paper's experiments and write results/")
+    p.add_argument("artefacts", nargs="*", help="which artefacts (default: all)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="small sizes on the CPU (the default)")
+    size.add_argument("--paper", action="store_true", help="the paper's shapes (for a GPU machine)")
+    p.add_argument("--out", default="results", help="output folder (default: results)")
+    p.set_defaults(run=cmd_reproduce)
     args = parser.parse_args(argv)
     try:
         return args.run(args)

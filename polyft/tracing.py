@@ -159,7 +159,13 @@ def apply_op(name: str, args, attrs) -> Value:
         return Value(np.shape(out), np.asarray(out).dtype, const=np.asarray(out))
     with np.errstate(all="ignore"):
         dummies = [_dummy(v.shape, v.dtype) if v.const is None else v.const for v in vals]
-        out = fn(*dummies, **attrs) if name != "concat" else fn(dummies, **attrs)
+        try:
+            out = fn(*dummies, **attrs) if name != "concat" else fn(dummies, **attrs)
+        except errors.PolyftError:
+            raise
+        except (ValueError, IndexError, TypeError) as e:  # numpy's shape rules said no
+            shapes = " and ".join(f"{v.dtype}{list(v.shape)}" for v in vals)
+            raise errors.ShapeError(f"{name} of {shapes}: {e}", op=name) from None
     out = np.asarray(out)
     st = _state()
     node = OpNode(name, [_use(v) for v in vals], out.shape, out.dtype.name, attrs,
