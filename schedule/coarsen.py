@@ -1,0 +1,757 @@
+"""ETDG coarsening (FractalTensor §5.1): fewer, larger block nodes with fewer dims.
+
+Passes (each takes an ETDG and returns a *new* one; the input is deep-copied, never mutated;
+each appends one line per change to an optional `log` list):
+
+* `horizontal_merge`: sibling block nodes with equal dims (extents and operators, the paper's
+  d1 = d2 and p1 ≡ p2) and no dataflow edge between them become one block node: the second's
+  dims are renamed to the first's and its sub-graph follows the first's.
+* `vertical_merge`: a producer block node and a consumer of its output (siblings): their dims
+  are aligned outermost-first; equal-extent dims whose operators compose (Table 3, `compose`)
+  become one dim; the dims left over become child block nodes. Every candidate is checked
+  exactly with ISL (`dataflow_violations`): each element is read after it is written in the
+  new schedule order. A merged statement's loads of an element it has just stored read the
+  stored value directly (store-to-load forwarding).
+* `depthwise_merge`: two adjacent dims `a` (outer), `b` (inner, constant extent n) of one
+  block node become one dim `t = a*n + b`; accesses get `a = floor(t/n)`, `b = t mod n`,
+  simplified (an access along `a*n + b` becomes linear in `t`). Only where both dims have the
+  same operator (by default only `map`: merging two aggregate dims would fix their order and
+  forbid the §5.2 wavefront) and no access is conditioned on either dim (no "non-access"
+  relation: every buffer is read uniformly along both).
+* `fuse_access_maps`: a buffer written only by a copy (`store dst[ctx] <- load src...`, or
+  `<- copy(load ...)`, or a constant) is removed: every reader reads the source through the
+  composed access map (composed indices, composed piece conditions).
+* `drop_dead_buffers`: stores into intermediate buffers nobody reads are removed, then the
+  operation nodes and block nodes left without purpose.
+* `coarsen`: all of the above to a fixpoint; returns the new ETDG and the log.
+
+After every merge a block node whose body is exactly one block node absorbs its dims (the
+tracer's perfect-nest rule), which is what lowers the ETDG's depth.
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+import re
+
+from polyft.errors import PolyftError, ScheduleError
+from polyft.etdg import ETDG, Aff, BlockNode, Constraint, Gather, IterDim, OpNode, Piece, Statement
+
+# ---------------------------------------------------------------------------------------
+# Table 3
+
+
+TABLE3_OPS = ("map", "reduce", "scanr", "scanl", "scan")
+_X = None  # ✗
+TABLE3 = {  # row (outer) -> column (inner) -> composed operator
+    "map":    {"map": "map",    "reduce": "reduce", "scanr": "scanr", "scanl": "scanl", "scan": "scan"},
+    "reduce": {"map": "reduce", "reduce": "reduce", "scanr": "scanr", "scanl": "scanl", "scan": "scan"},
+    "scanr":  {"map": "scanr",  "reduce": "scanr",  "scanr": "scanr", "scanl": _X,      "scan": "scanr"},
+    "scanl":  {"map": "scanl",  "reduce": "scanl",  "scanr": "scanl", "scanl": "scanl", "scan": _X},
+    "scan":   {"map": "scan",   "reduce": "scan",   "scanr": "scanr", "scanl": "scanl", "scan": "scan"},
+}
+_AS_TABLE3 = {"foldl": "scanl", "foldr": "scanr"}
+
+
+def compose(outer_op: str, inner_op: str) -> str | None:
+    """Table 3: the operator of a dim merged from `outer_op ∘ inner_op`, None for ✗.
+
+    Rows are `outer_op`, columns `inner_op`. In `vertical_merge` the inner operator is the
+    producer's (applied first) and the outer the consumer's. `foldl` composes as `scanl` and
+    `foldr` as `scanr` (a fold is a scan of which only the last state is kept; the iteration
+    space and its dependences are the scan's). The table is used verbatim, asymmetries
+    included (scanl∘scanr = scanl but scanr∘scanl = ✗; scan∘scanl = scanl but scanl∘scan = ✗):
+    it is a necessary condition only, and the vertical merge checks every dependence exactly.
+    """
+    a, b = _AS_TABLE3.get(outer_op, outer_op), _AS_TABLE3.get(inner_op, inner_op)
+    for op in (a, b):
+        if op not in TABLE3:
+            raise ValueError(f"compose: unknown compute operator {op!r} (Table 3 has {TABLE3_OPS} "
+                             "and foldl/foldr)")
+    return TABLE3[a][b]
+
+
+# ---------------------------------------------------------------------------------------
+# Quasi-affine simplification
+
+
+def _akey(a: Aff):
+    """A structural key of an Aff (dims by identity)."""
+    return (tuple(sorted((id(k), v) for k, v in a.terms.items())), str(a.offset),
+            tuple(sorted((c, d, _akey(i)) for c, i, d in a.divs)))
+
+
+def _floor(x: Aff, d: int) -> Aff:
+    """floor(x / d) for a simplified x: multiples of d come out of the floor, a constant
+    remainder vanishes, floor(floor(y/p)/d) = floor(y/(p*d))."""
+    if d == 1:
+        return x
+    off = x.offset
+    qo, ro = (off.const // d, off.const % d) if off.is_concrete else (0, off)
+    q = Aff({k: v // d for k, v in x.terms.items() if v % d == 0}, qo,
+            tuple((c // d, i, dd) for c, i, dd in x.divs if c % d == 0))
+    r = Aff({k: v for k, v in x.terms.items() if v % d}, ro,
+            tuple((c, i, dd) for c, i, dd in x.divs if c % d))
+    if not r.terms and not r.divs and r.offset.is_concrete:
+        return q + r.offset.const // d
+    if (not r.terms and len(r.divs) == 1 and r.divs[0][0] == 1 and r.offset.is_concrete
+            and r.offset.const == 0):
+        _, inner, p = r.divs[0]
+        return q + Aff(divs=((1, inner, p * d),))
+    return q + Aff(divs=((1, r, d),))
+
+
+def simplify(a):
+    """An equal Aff with floors simplified and equal floor terms collected (Gathers too)."""
+    if isinstance(a, Gather):
+        return Gather(simplify(a.pos), a.index)
+    base = Aff(a.terms, a.offset)
+    acc, order = {}, []
+    for c, inner, d in a.divs:
+        f = _floor(simplify(inner), d) * c
+        base = base + Aff(f.terms, f.offset)
+        for c2, i2, d2 in f.divs:
+            k = (d2, _akey(i2))
+            if k in acc:
+                acc[k][0] += c2
+            else:
+                acc[k] = [c2, i2]
+                order.append(k)
+    return Aff(base.terms, base.offset, tuple((acc[k][0], acc[k][1], k[0]) for k in order if acc[k][0]))
+
+
+def _subst_piece(pc: Piece, env) -> Piece | None:
+    pc = pc.substitute(env)
+    if pc is None:
+        return None
+    conds = tuple(Constraint(simplify(c.expr), c.kind) for c in pc.conds)
+    return Piece(conds, pc.buffer, tuple(simplify(ix) for ix in pc.index), pc.const).substitute({})
+
+
+# ---------------------------------------------------------------------------------------
+# Working copies and tree helpers
+
+
+class _Work:
+    """A deep copy of an ETDG's parts, mutated by one pass and turned into a new ETDG."""
+
+    def __init__(self, etdg: ETDG):
+        self.name = etdg.name
+        (self.root, self.inputs, self.outputs, self.out_tree, self.buffers) = copy.deepcopy(
+            (etdg.root, etdg.inputs, etdg.outputs, etdg.out_tree, etdg.buffers))
+        self.assumptions = list(etdg.assumptions)
+        nums = [int(m.group(1)) for b in list(_preorder(self.root))[1:] if (m := re.fullmatch(r"b(\d+)", b.name))]
+        self._next = itertools.count(max(nums, default=-1) + 1)
+
+    def new_block(self, dims, parent, body) -> BlockNode:
+        b = BlockNode(dims, parent=parent)
+        b.name = f"b{next(self._next)}"
+        _set_body(b, body)
+        return b
+
+    def finish(self) -> ETDG:
+        used = {id(b.resolve()) for b in _referenced(self.root)}
+        used |= {id(b.resolve()) for _, b in self.inputs if b is not None}
+        used |= {id(b.resolve()) for b in self.outputs}
+        buffers = [b for b in self.buffers if id(b.resolve()) in used]
+        e = ETDG(self.name, self.root, self.inputs, self.outputs, self.out_tree, buffers)
+        e.assumptions = list(self.assumptions)
+        return e
+
+    def rename_created_in(self, env: dict):
+        for b in self.buffers:
+            b.created_in = tuple(dict.fromkeys(env.get(d, d) for d in b.created_in))
+
+
+def _set_body(block: BlockNode, body):
+    block.body = list(body)
+    for n in block.body:
+        if isinstance(n, BlockNode):
+            n.parent = block
+
+
+def _preorder(block):
+    yield block
+    for n in block.body:
+        if isinstance(n, BlockNode):
+            yield from _preorder(n)
+
+
+def _ops(node):
+    """Operation nodes of a block's sub-graph (or the node itself)."""
+    if isinstance(node, OpNode):
+        yield node
+        return
+    for n in node.body:
+        yield from _ops(n)
+
+
+def _referenced(node) -> list:
+    out = []
+    for op in _ops(node):
+        if op.op == "load":
+            for pc in op.pieces:
+                if pc.buffer is not None:
+                    out.append(pc.buffer)
+                out += [ix.index for ix in pc.index if isinstance(ix, Gather)]
+        elif op.op == "store":
+            out.append(op.buffer)
+    return out
+
+
+def _reads(node) -> set:
+    out = set()
+    for op in _ops(node):
+        if op.op == "load":
+            for pc in op.pieces:
+                if pc.buffer is not None:
+                    out.add(id(pc.buffer.resolve()))
+                out |= {id(ix.index.resolve()) for ix in pc.index if isinstance(ix, Gather)}
+    return out
+
+
+def _writes(node) -> set:
+    return {id(op.buffer.resolve()) for op in _ops(node) if op.op == "store"}
+
+
+def _substitute(node, env: dict):
+    """Rename/replace iteration dims in every access (pieces, conditions, store indices)."""
+    for op in _ops(node):
+        if op.op == "load":
+            op.pieces = [q for q in (_subst_piece(pc, env) for pc in op.pieces) if q is not None]
+        elif op.op == "store":
+            op.index = tuple(simplify(ix.substitute(env)) for ix in op.index)
+
+
+def _describe(b: BlockNode) -> str:
+    dims = ", ".join(f"{d.name} < {d.extent}" for d in b.dims)
+    return f"{b.name} [{dims}] p = [{', '.join(b.p)}]"
+
+
+def _flatten(block: BlockNode, log, tag):
+    """A block node whose body is one block node is one perfect nest: merge their dims."""
+    for n in block.body:
+        if isinstance(n, BlockNode):
+            while len(n.body) == 1 and isinstance(n.body[0], BlockNode):
+                child = n.body[0]
+                n.dims = n.dims + child.dims
+                _set_body(n, child.body)
+                log.append(f"{tag}: {child.name} is the only node in {n.name}'s body: perfect nest "
+                           f"-> {_describe(n)}")
+            _flatten(n, log, tag)
+
+
+def _sweep(root: BlockNode):
+    """Drop operation nodes no store needs, then block nodes left empty."""
+    live = set()
+
+    def mark(op):
+        if id(op) not in live:
+            live.add(id(op))
+            for a in op.inputs:
+                if isinstance(a, OpNode):
+                    mark(a)
+    for op in _ops(root):
+        if op.op == "store":
+            mark(op)
+
+    def sweep(block):
+        block.body = [n for n in block.body if isinstance(n, BlockNode) or id(n) in live]
+        for n in block.body:
+            if isinstance(n, BlockNode):
+                sweep(n)
+        block.body = [n for n in block.body if not (isinstance(n, BlockNode) and not n.body)]
+    sweep(root)
+
+
+def _operand_dtype_shape(a):
+    if isinstance(a, OpNode):
+        return a.dtype, tuple(a.shape)
+    import numpy as np
+    v = np.asarray(a[1])
+    return v.dtype.name, tuple(v.shape)
+
+
+def _forward(block: BlockNode) -> int:
+    """Store-to-load forwarding in the statements of `block`'s own body: a load of exactly
+    the element a store of the same statement instance wrote earlier uses the stored value."""
+    stored, repl, n_fwd = {}, {}, 0
+    for n in block.body:
+        if isinstance(n, BlockNode):
+            stored = {}  # a child block ends the statement
+            continue
+        n.inputs = [repl.get(id(a), a) if isinstance(a, OpNode) else a for a in n.inputs]
+        if n.op == "store" and all(isinstance(ix, Aff) for ix in n.index):
+            stored[(id(n.buffer.resolve()), tuple(_akey(simplify(ix)) for ix in n.index))] = n.inputs[0]
+        elif n.op == "load" and len(n.pieces) == 1:
+            pc = n.pieces[0]
+            if pc.conds or pc.buffer is None or not all(isinstance(ix, Aff) for ix in pc.index):
+                continue
+            val = stored.get((id(pc.buffer.resolve()), tuple(_akey(simplify(ix)) for ix in pc.index)))
+            if val is not None and _operand_dtype_shape(val) == (n.dtype, tuple(n.shape)):
+                repl[id(n)] = val
+                n_fwd += 1
+    return n_fwd
+
+
+def _unchanged(etdg: ETDG) -> ETDG:
+    return _Work(etdg).finish()
+
+
+# ---------------------------------------------------------------------------------------
+# Legality: every read after its write, checked exactly with ISL
+
+
+def _access_statements(etdg: ETDG) -> list:
+    """One pseudo-statement per load/store operation node, its position extended by the
+    node's index in the statement, so that accesses of one statement instance are ordered."""
+    out = []
+    for st in etdg.statements:
+        for q, op in enumerate(st.ops):
+            if op.op in ("load", "store"):
+                out.append(Statement(f"{st.name}_o{q}", st.block, st.dims, [op], list(st.position) + [q]))
+    return out
+
+
+def dataflow_violations(etdg: ETDG) -> list:
+    """Ways in which the ETDG's own (2d+1) schedule breaks dataflow, as ISL strings; [] if none.
+
+    Single assignment makes this the whole correctness condition of a rewrite that keeps the
+    operation nodes: every element read of a written buffer must be written, and written
+    before it is read. Checked parametrically (the ETDG's assumptions in the context), per
+    load/store operation node. Gathers count as may-reads of their whole dim (conservative).
+    Raises `SingleAssignmentError`/`LengthMismatchError` (from `deps.model.build`) when the
+    ETDG writes an element twice or accesses outside a buffer.
+    """
+    import islpy as isl
+
+    from deps.model import build
+
+    fake = copy.copy(etdg)
+    fake.statements = _access_statements(etdg)
+    m = build(fake)
+    problems = []
+    if not m.writes.is_empty() and not m.reads.is_empty():
+        pairs = m.writes.apply_range(m.reads.reverse())  # write instance -> read instance, same element
+        width = max((len(st.position) for st in fake.statements), default=0)
+        if not pairs.is_empty() and width:
+            times = pairs.apply_domain(m.schedule).apply_range(m.schedule)  # t(write) -> t(read)
+            not_before = isl.UnionMap.from_map(isl.Map.lex_ge(isl.Space.set_alloc(m.context.get_ctx(), 0, width)))
+            if not times.intersect(not_before).is_empty():  # name the statements: the slow way
+                bad = pairs.subtract(m.schedule.lex_lt_union_map(m.schedule))
+                maps = []
+                bad.foreach_map(maps.append)
+                problems += [f"read not after its write: {mp.gist_params(m.context)}" for mp in maps]
+    written_names = {b.resolve().name for b in etdg.buffers
+                     if b.resolve().kind in ("intermediate", "output")}
+    if not m.reads.is_empty():
+        unwritten = m.reads.range().subtract(m.writes.range()) if not m.writes.is_empty() else m.reads.range()
+        sets = []
+        unwritten.foreach_set(sets.append)
+        for s in sets:
+            if s.get_tuple_name() in written_names and not s.is_empty():
+                problems.append(f"read but never written: {s.gist_params(m.context)}")
+    return problems
+
+
+def check_dataflow(etdg: ETDG) -> None:
+    """Raise ScheduleError unless every read of a written element follows its write."""
+    problems = dataflow_violations(etdg)
+    if problems:
+        raise ScheduleError(f"{etdg.name}: " + "; ".join(problems), op="coarsen")
+
+
+def _legal(etdg: ETDG) -> bool:
+    try:
+        return not dataflow_violations(etdg)
+    except PolyftError:
+        return False
+
+
+# ---------------------------------------------------------------------------------------
+# Width-wise: horizontal merging
+
+
+def _same_dims(b1: BlockNode, b2: BlockNode) -> bool:
+    return (len(b1.dims) == len(b2.dims) and bool(b1.dims)
+            and all(d1.extent == d2.extent and d1.op == d2.op for d1, d2 in zip(b1.dims, b2.dims)))
+
+
+def _no_edge(x, y) -> bool:
+    return not (_writes(x) & _reads(y)) and not (_writes(y) & _reads(x))
+
+
+def _horizontal_once(w: _Work, log) -> bool:
+    for parent in _preorder(w.root):
+        body = parent.body
+        blocks = [(k, n) for k, n in enumerate(body) if isinstance(n, BlockNode)]
+        for (a, b1), (b, b2) in itertools.combinations(blocks, 2):
+            if not _same_dims(b1, b2) or not _no_edge(b1, b2):
+                continue
+            between = body[a + 1:b]
+            # the merged node sits where b1 is (b2 moves up past `between`) or where b2 is
+            if all(_no_edge(b2, x) for x in between):
+                where = "first"
+            elif all(_no_edge(b1, x) for x in between):
+                where = "second"
+            else:
+                continue
+            env = {d2: Aff.of(d1) for d1, d2 in zip(b1.dims, b2.dims)}
+            _substitute(b2, env)
+            w.rename_created_in(dict(zip(b2.dims, b1.dims)))
+            _set_body(b1, b1.body + b2.body)
+            if where == "first":
+                del body[b]
+            else:
+                body[b] = b1
+                del body[a]
+            log.append(f"horizontal: {b2.name} merged into {b1.name} (no edge between, equal dims and "
+                       f"operators) -> {_describe(b1)}")
+            return True
+    return False
+
+
+def horizontal_merge(etdg: ETDG, log: list | None = None) -> ETDG:
+    """Merge sibling block nodes with equal dims and operator vectors and no edge between
+    them (paper: Γ¹ ∪ Γ² = (i_d1, P1 ∪ P2, G_T = (V1 ∪ V2, E1 ∪ E2), p_d1)), to a fixpoint.
+
+    The merged node takes the place of the first unless a node in between writes something
+    the second reads; then it takes the second's place, unless a node in between reads what
+    the first writes (then the pair is left alone). With no data between the two, running
+    them in one iteration space changes no value (a direct argument; no ISL needed).
+    """
+    log = [] if log is None else log
+    w = _Work(etdg)
+    n0 = len(log)
+    while _horizontal_once(w, log):
+        pass
+    if len(log) > n0:
+        _flatten(w.root, log, "horizontal")
+    return w.finish()
+
+
+# ---------------------------------------------------------------------------------------
+# Width-wise: vertical merging
+
+
+def _block_at(root, path):
+    b = root
+    for k in path:
+        b = b.body[k]
+    return b
+
+
+def _paths(root, prefix=()):
+    yield prefix, root
+    for k, n in enumerate(root.body):
+        if isinstance(n, BlockNode):
+            yield from _paths(n, prefix + (k,))
+
+
+def _aligned(P: BlockNode, C: BlockNode) -> int:
+    """How many leading dims align: equal extents and composable operators (Table 3)."""
+    k = 0
+    for dp, dc in zip(P.dims, C.dims):
+        if dp.extent != dc.extent or compose(dc.op, dp.op) is None:
+            break
+        k += 1
+    return k
+
+
+def _vertical_candidate(etdg: ETDG, path, a: int, b: int, k: int, where: str, log) -> ETDG:
+    w = _Work(etdg)
+    parent = _block_at(w.root, path)
+    P, C = parent.body[a], parent.body[b]
+    names = (P.name, C.name)
+    env = {dc: Aff.of(dp) for dp, dc in zip(P.dims[:k], C.dims[:k])}
+    _substitute(C, env)
+    w.rename_created_in(dict(zip(C.dims[:k], P.dims[:k])))
+    split = (len(P.dims) > k, len(C.dims) > k)
+    ops = []
+    for dp, dc in zip(P.dims[:k], C.dims[:k]):
+        ops.append(f"{dc.op}∘{dp.op} = {compose(dc.op, dp.op)}")
+        dp.op = compose(dc.op, dp.op)
+    ppart = [w.new_block(P.dims[k:], P, P.body)] if split[0] else P.body
+    cpart = [w.new_block(C.dims[k:], P, C.body)] if split[1] else C.body
+    P.dims = P.dims[:k]
+    _set_body(P, ppart + cpart)
+    if where == "producer":
+        del parent.body[b]
+    else:
+        parent.body[b] = P
+        del parent.body[a]
+    n_fwd = _forward(P)
+    if n_fwd:
+        _sweep(w.root)
+    left = [f"{nm}'s unaligned dims -> child {_describe(part[0])}"
+            for nm, part, s in ((names[0], ppart, split[0]), (names[1], cpart, split[1])) if s]
+    msg = (f"vertical: {names[0]} -> {names[1]} merged over {k} aligned dim(s) ({', '.join(ops)}) at the "
+           f"{where}'s place -> {_describe(P)}")
+    if left:
+        msg += "; " + "; ".join(left)
+    if n_fwd:
+        msg += f"; {n_fwd} load(s) of just-stored elements forwarded"
+    log.append(msg)
+    _flatten(w.root, log, "vertical")
+    return w.finish()
+
+
+def _vertical_once(etdg: ETDG, log) -> ETDG | None:
+    for path, parent in _paths(etdg.root):
+        body = parent.body
+        blocks = [(k, n) for k, n in enumerate(body) if isinstance(n, BlockNode)]
+        for (a, P), (b, C) in itertools.combinations(blocks, 2):
+            if not (_writes(P) & _reads(C)):
+                continue
+            between = body[a + 1:b]
+            # a node moved past one it exchanges data with cannot be legal: skip those places
+            places = [where for where, moved in (("producer", C), ("consumer", P))
+                      if all(_no_edge(moved, x) for x in between)]
+            for k in range(_aligned(P, C), 0, -1):
+                if len(P.dims) > k and len(C.dims) > k:
+                    continue  # both would keep unaligned dims: one more block node, one more level
+                for where in places:
+                    trial = []
+                    cand = _vertical_candidate(etdg, path, a, b, k, where, trial)
+                    if _legal(cand):
+                        log += trial
+                        return cand
+    return None
+
+
+def vertical_merge(etdg: ETDG, log: list | None = None) -> ETDG:
+    """Merge producer/consumer sibling block nodes (connected by an edge), to a fixpoint.
+
+    Dims are aligned outermost-first: the leading dims with equal extents whose operators
+    compose (Table 3, consumer ∘ producer) are candidates; the producer's dims stay (with the
+    composed operators), the consumer's are renamed to them, and each node's remaining dims
+    become a child block node of the merged one — on one side only: when both would keep
+    unaligned dims the merge adds a block node and a level, the opposite of coarsening, and
+    is not done. The most aligned dims are tried first, the
+    merged node at the producer's place, then at the consumer's; a candidate is kept only if
+    `dataflow_violations` finds none (ISL, exact): the consumer reads the producer only at
+    the same or an earlier merged iteration, and the nodes in between still see their data.
+    """
+    log = [] if log is None else log
+    cur = etdg
+    while True:
+        nxt = _vertical_once(cur, log)
+        if nxt is None:
+            break
+        cur = nxt
+    return _unchanged(cur) if cur is etdg else cur
+
+
+# ---------------------------------------------------------------------------------------
+# Depth-wise coarsening
+
+
+def _mentions_in_conds(node, dims) -> bool:
+    ids = {id(d) for d in dims}
+    for op in _ops(node):
+        if op.op == "load":
+            for pc in op.pieces:
+                for c in pc.conds:
+                    if any(id(d) in ids for d in c.expr.dims):
+                        return True
+    return False
+
+
+def _depthwise_ok(block: BlockNode, x: int, ops) -> str | None:
+    a, b = block.dims[x], block.dims[x + 1]
+    if a.op != b.op or a.op not in ops:
+        return None
+    if not b.extent.is_concrete or b.extent.const < 1:
+        return None
+    if _mentions_in_conds(block, (a, b)):
+        return None
+    return "ok"
+
+
+def depthwise_merge(etdg: ETDG, log: list | None = None, ops=("map",)) -> ETDG:
+    """Merge adjacent dims of a block node into one (paper: depth-wise coarsening).
+
+    Dims `a` (outer) and `b` (inner, next to it) merge into `t = a*n + b`, `t < extent(a)*n`,
+    when: both have the same operator, one of `ops` (default map only); `n = extent(b)` is a
+    constant (so `a = floor(t/n)`, `b = t mod n` are quasi-affine); and no access in the
+    block's sub-graph is conditioned on `a` or `b` (each buffer interacts with both dims by
+    an access or an invariant relation, never a non-access one). Accesses are rewritten and
+    simplified: an access along `a*n + b` becomes linear in `t`, an access along `a` alone
+    (invariant in `b`) becomes `floor(t/n)`, along `b` alone `t mod n` — the strided forms.
+    The iteration order is unchanged ((a, b) -> a*n + b is order-preserving and both dims run
+    the same way), so every dependence is preserved.
+    """
+    log = [] if log is None else log
+    w = _Work(etdg)
+    for block in list(_preorder(w.root)):
+        x = 0
+        while x + 1 < len(block.dims):
+            if not _depthwise_ok(block, x, ops):
+                x += 1
+                continue
+            a, b = block.dims[x], block.dims[x + 1]
+            n = b.extent.const
+            t = IterDim(a.name + b.name, a.extent * n, a.op)
+            env = {a: Aff.of(t).floordiv(n), b: Aff.of(t).mod(n)}
+            _substitute(block, env)
+            w.rename_created_in({a: t, b: t})
+            block.dims[x:x + 2] = [t]
+            log.append(f"depthwise: {block.name} dims {a.name} < {a.extent}, {b.name} < {n} ({a.op}) -> "
+                       f"{t.name} = {a.name}*{n} + {b.name} < {t.extent}; now {_describe(block)}")
+    return w.finish()
+
+
+# ---------------------------------------------------------------------------------------
+# Access map fusion and dead buffers
+
+
+def _statement_of(root, store):
+    """(block, ops of the statement containing `store`)."""
+    for block in _preorder(root):
+        run = []
+        for n in block.body + [None]:
+            if isinstance(n, OpNode):
+                run.append(n)
+                continue
+            if any(op is store for op in run):
+                return block, run
+            run = []
+    return None, None
+
+
+def _copy_source(store: OpNode, run):
+    """The pieces a copy store copies (a load, copy(load), or a constant), else None."""
+    v = store.inputs[0]
+    if isinstance(v, tuple):
+        return [Piece((), None, (), v[1])]
+    if v.op == "copy" and isinstance(v.inputs[0], OpNode):
+        v = v.inputs[0]
+    if v.op == "load" and any(op is v for op in run):
+        return v.pieces
+    return None
+
+
+def _fuse_once(w: _Work, log) -> bool:
+    import numpy as np
+
+    all_ops = list(_ops(w.root))
+    outputs = {id(b.resolve()) for b in w.outputs}
+    n_stores = {}
+    for op in all_ops:
+        if op.op == "store":
+            n_stores[id(op.buffer.resolve())] = n_stores.get(id(op.buffer.resolve()), 0) + 1
+    for store in [op for op in all_ops if op.op == "store"]:
+        dst = store.buffer.resolve()
+        if dst.kind != "intermediate" or id(dst) in outputs or n_stores[id(dst)] != 1:
+            continue
+        block, run = _statement_of(w.root, store)
+        ctx = block.context()
+        if len(store.index) != len(ctx) or len(ctx) != dst.depth or any(
+                not isinstance(ix, Aff) or ix.terms != {d: 1} or ix.divs or str(ix.offset) != "0"
+                for ix, d in zip(store.index, ctx)):
+            continue
+        src = _copy_source(store, run)
+        if src is None:
+            continue
+        if any(pc.buffer is None and np.shape(pc.const) != dst.element_shape for pc in src):
+            continue
+        readers = [op for op in all_ops if op.op == "load"
+                   and any(pc.buffer is not None and pc.buffer.resolve() is dst for pc in op.pieces)]
+        if any(isinstance(ix, Gather) and ix.index.resolve() is dst
+               for op in all_ops if op.op == "load" for pc in op.pieces for ix in pc.index):
+            continue
+        if any(not isinstance(ix, Aff) for op in readers for pc in op.pieces
+               if pc.buffer is not None and pc.buffer.resolve() is dst for ix in pc.index):
+            continue
+        for op in readers:
+            pieces = []
+            for pc in op.pieces:
+                if pc.buffer is None or pc.buffer.resolve() is not dst:
+                    pieces.append(pc)
+                    continue
+                env = dict(zip(ctx, pc.index))
+                for sp in src:
+                    q = _subst_piece(sp, env)
+                    q = q.restrict(pc.conds) if q is not None else None
+                    if q is not None:
+                        pieces.append(q)
+            op.pieces = pieces
+        _set_body(block, [n for n in block.body if n is not store])
+        _sweep(w.root)
+        what = ", ".join(sorted({pc.buffer.resolve().name if pc.buffer is not None else "a constant"
+                                 for pc in src}))
+        how = (f"its {len(readers)} reader(s) now read the source through the composed access map"
+               if readers else "nothing read it")
+        log.append(f"fuse: {dst.name} was a copy of {what} (store in {block.name}); {how}; the copy is removed")
+        return True
+    return False
+
+
+def fuse_access_maps(etdg: ETDG, log: list | None = None) -> ETDG:
+    """Access map fusion: remove buffers that only copy another buffer (or a constant).
+
+    A store `dst[ctx] <- v` qualifies when `dst` is an intermediate buffer written by that
+    store only, its index is the statement's iteration vector (so the element written at
+    iteration `ctx` is `dst[ctx]`), and `v` is a load of the same statement, `copy` of one,
+    or a constant. Every reader of `dst[e]` then reads the copied pieces with `ctx := e`
+    substituted (composed indices; the copy's piece conditions and the reader's conjoined).
+    The source element was written before the copy read it, and the copy before the reader
+    read it, so reading the source directly is legal; the copy and what only fed it go.
+    """
+    log = [] if log is None else log
+    w = _Work(etdg)
+    while _fuse_once(w, log):
+        pass
+    return w.finish()
+
+
+def drop_dead_buffers(etdg: ETDG, log: list | None = None) -> ETDG:
+    """Remove stores into intermediate buffers that nothing reads (and what only fed them)."""
+    log = [] if log is None else log
+    w = _Work(etdg)
+    read = _reads(w.root)
+    outputs = {id(b.resolve()) for b in w.outputs}
+    dead = []
+
+    def visit(block):
+        keep = []
+        for n in block.body:
+            if isinstance(n, OpNode) and n.op == "store":
+                b = n.buffer.resolve()
+                if b.kind == "intermediate" and id(b) not in read and id(b) not in outputs:
+                    if b.name not in dead:
+                        dead.append(b.name)
+                    continue
+            keep.append(n)
+            if isinstance(n, BlockNode):
+                visit(n)
+        block.body = keep
+    visit(w.root)
+    if dead:
+        before = {b.name for b in _preorder(w.root)}
+        _sweep(w.root)
+        gone = before - {b.name for b in _preorder(w.root)}
+        log.append(f"dead: nothing reads {', '.join(dead)}: stores removed"
+                   + (f", block node(s) {', '.join(sorted(gone))} left empty and removed" if gone else ""))
+        _flatten(w.root, log, "dead")
+    return w.finish()
+
+
+# ---------------------------------------------------------------------------------------
+# The driver
+
+
+def coarsen(etdg: ETDG, depthwise: bool = True, depthwise_ops=("map",), max_rounds: int = 50):
+    """All passes to a fixpoint: returns (new ETDG, log of what each pass did)."""
+    log = []
+    cur = etdg
+    passes = [fuse_access_maps, drop_dead_buffers, horizontal_merge, vertical_merge]
+    if depthwise:
+        passes.append(lambda e, lg: depthwise_merge(e, lg, ops=depthwise_ops))
+    for _ in range(max_rounds):
+        n0 = len(log)
+        for p in passes:
+            cur = p(cur, log)
+        if len(log) == n0:
+            break
+    return (cur if cur is not etdg else _unchanged(etdg)), log
