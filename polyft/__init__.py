@@ -19,3 +19,9 @@ def analyze(fn, *inputs_or_specs, schedule="auto", sizes=None):
     """Trace `fn`, build its polyhedral model and dependences, and schedule it (no code)."""
     from .program import analyze as _analyze
     return _analyze(fn, *inputs_or_specs, schedule=schedule, sizes=sizes)
+
+
+def compile(fn, *inputs_or_specs, target="c", schedule="auto", sizes=None):
+    """Trace, analyse, schedule and generate code for `fn` (target "c"); call the result."""
+    from .program import compile as _compile
+    return _compile(fn, *inputs_or_specs, target=target, schedule=schedule, sizes=sizes)

@@ -98,7 +98,7 @@ def run(etdg: ETDG, *args, record=None):
                                       dtype=op.dtype)
         if record is not None:
             record(st, env, reads, writes)
-    return _outputs(etdg, storage)
+    return assemble_outputs(etdg, storage)
 
 
 def _operand(a, vals):
@@ -120,7 +120,9 @@ def _load(op, env, params, storage, written, reads):
     return storage[buf][idx]
 
 
-def _outputs(etdg, storage):
+def assemble_outputs(etdg, storage):
+    """The program's result (FractalTensors / tensors, nested as it returned them) from the
+    output buffers' arrays (`storage`: Buffer -> ndarray)."""
     flat = []
     for b in etdg.outputs:
         b = b.resolve()

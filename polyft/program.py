@@ -27,6 +27,55 @@ class Program:
         return f"<Program {self.etdg.signature()}, {self.schedule.kind} schedule>"
 
 
+class CompiledProgram(Program):
+    """A program with generated code: call it on inputs like the function itself."""
+
+    def __init__(self, fn, args, schedule="auto", sizes=None, target="c"):
+        super().__init__(fn, args, schedule, sizes)
+        if target != "c":
+            from .errors import PolyftError
+            raise PolyftError(f"unknown target {target!r}; available: 'c'", op="compile")
+        from emit import c_target
+        from emit.runtime_c import CFunction
+        self.target = target
+        self.source, self.layout = c_target.generate(self.model, self.schedule)
+        self._run = CFunction(self.source)
+
+    def __call__(self, *inputs):
+        import numpy as np
+
+        from .errors import InputError
+        from .fractaltensor import FractalTensor
+        from .interpret import assemble_outputs, bind_params
+        if len(inputs) != len(self.etdg.inputs):
+            raise InputError(f"expected {len(self.etdg.inputs)} inputs "
+                             f"({', '.join(n for n, _ in self.etdg.inputs)}), got {len(inputs)}", op="call")
+        params = bind_params(self.etdg, inputs)
+        for p, v in self.model.sizes.items():
+            if params.get(p, v) != v:
+                raise InputError(f"compiled for {p} = {v}, called with {p} = {params[p]}", op="call")
+        params = {**self.model.sizes, **params}
+        storage = {}
+        for (name, buf), arg in zip(self.etdg.inputs, inputs):
+            if buf is None:
+                continue
+            arr = arg.to_numpy() if isinstance(arg, FractalTensor) else np.asarray(arg)
+            if arr.dtype != np.dtype(buf.dtype):
+                raise InputError(f"input {name} should be {buf.dtype}, got {arr.dtype}", op="call")
+            storage[buf] = np.ascontiguousarray(arr)
+        arrays = []
+        for b in self.layout.buffers:
+            if b not in storage:
+                if b.kind in ("const", "index"):
+                    storage[b] = np.ascontiguousarray(b.value, dtype=b.dtype)
+                else:
+                    shape = tuple(n.evaluate(params) for n in b.dims) + b.element_shape
+                    storage[b] = np.empty(shape, dtype=b.dtype)
+            arrays.append(storage[b])
+        self._run(arrays, [params[p] for p in self.model.params])
+        return assemble_outputs(self.etdg, storage)
+
+
 def analyze(fn, *inputs_or_specs, schedule="auto", sizes=None) -> Program:
     """Trace `fn`, build its ISL model and dependences, and schedule it.
 
@@ -35,3 +84,8 @@ def analyze(fn, *inputs_or_specs, schedule="auto", sizes=None) -> Program:
     symbolic lengths as an ISL context; with all lengths known, `sequential_steps` is set.
     """
     return Program(fn, inputs_or_specs, schedule, sizes)
+
+
+def compile(fn, *inputs_or_specs, target="c", schedule="auto", sizes=None) -> CompiledProgram:
+    """Trace, analyse, schedule and generate code for `fn`; call the result on inputs."""
+    return CompiledProgram(fn, inputs_or_specs, schedule, sizes, target)

@@ -1,0 +1,105 @@
+"""The C target: one translation unit per program — a context struct (parameters, buffer
+pointers, strides), one function per statement (its operation nodes as macro-kernels), and
+`polyft_run`, the schedule's ISL AST with OpenMP on the outermost parallel loop of each nest.
+"""
+from __future__ import annotations
+
+import cgen
+import numpy as np
+
+from deps.model import _Namer
+
+from .ast import build_ast, to_cgen
+from .kernels import StatementBody, ctype, length_c
+
+PRELUDE = """#include <math.h>
+#include <stddef.h>
+#define floord(n, d) (((n) < 0) ? -((-(n) + (d) - 1) / (d)) : (n) / (d))
+#define min(x, y) ((x) < (y) ? (x) : (y))
+#define max(x, y) ((x) > (y) ? (x) : (y))"""
+
+
+class Layout:
+    """The buffers a program touches, in the order the runtime passes them, with strides."""
+
+    def __init__(self, etdg):
+        seen, self.buffers = set(), []
+        for b in etdg.buffers:
+            b = b.resolve()
+            if id(b) not in seen:
+                seen.add(id(b))
+                self.buffers.append(b)
+        self.index = {id(b): k for k, b in enumerate(self.buffers)}
+
+    def slot(self, buf) -> int:
+        return self.index[id(buf.resolve())]
+
+
+def _const_name(consts: dict, value: np.ndarray) -> str:
+    value = np.ascontiguousarray(value)
+    key = (value.dtype.str, value.shape, value.tobytes())
+    if key not in consts:
+        consts[key] = (f"k{len(consts)}", value)
+    return consts[key][0]
+
+
+def _const_decl(name, value) -> cgen.Generable:
+    flat = value.ravel() if value.size else np.zeros(1, value.dtype)
+    items = ", ".join(repr(float(x)) if np.isfinite(x) else ("INFINITY" if x > 0 else "-INFINITY")
+                      for x in flat.astype(np.float64)) if value.dtype.kind == "f" else \
+        ", ".join(str(int(x)) for x in flat)
+    return cgen.Line(f"static const {ctype(value.dtype.name)} {name}[{flat.size}] = {{{items}}};")
+
+
+def generate(model, schedule) -> tuple:
+    """(C source, Layout) for `model` under `schedule`."""
+    etdg = model.etdg
+    layout = Layout(etdg)
+    params = list(model.params)
+    namer = _Namer(params)
+    consts: dict = {}
+    param_c = lambda p: f"c->{p}"  # noqa: E731
+
+    def buffer_ref(buf, idx):
+        k = layout.slot(buf)
+        terms = [f"({e})*c->s{k}_{r}" for r, e in enumerate(idx)]
+        return f"(c->b{k} + {' + '.join(terms) or '0'})"
+
+    fields = [cgen.Value("long", p) for p in params]
+    for k, b in enumerate(layout.buffers):
+        fields.append(cgen.Pointer(cgen.Value(ctype(b.dtype), f"b{k}")))
+        fields += [cgen.Value("long", f"s{k}_{r}") for r in range(b.depth)]
+    ctx = cgen.Typedef(cgen.Struct("polyft_ctx", fields, declname="ctx_t"))
+
+    functions = []
+    for st in etdg.statements:
+        names = {d: namer(d) for d in st.dims}
+        body = StatementBody(st.ops, lambda d: names[d], param_c, buffer_ref,
+                             lambda v: _const_name(consts, v)).generate()
+        args = [cgen.Value("const long", names[d]) for d in st.dims]
+        args.append(cgen.Pointer(cgen.Value("const ctx_t", "restrict c")))
+        functions.append(cgen.FunctionBody(
+            cgen.Static(cgen.FunctionDeclaration(cgen.Value("void", st.name), args)), cgen.Block(body)))
+
+    ast = build_ast(schedule.map, model.context)
+    code = to_cgen(ast, schedule.parallel,
+                   lambda name, a: cgen.Statement(f"{name}({', '.join(a + ['&ctx'])})"),
+                   lambda loop: cgen.Block([cgen.Pragma("omp parallel for"), loop]))
+    setup = [cgen.Line("ctx_t ctx;"), cgen.Line("const ctx_t* c = &ctx;")]
+    setup += [cgen.Line(f"const long {p} = ctx.{p} = params[{k}];") for k, p in enumerate(params)]
+    for k, b in enumerate(layout.buffers):
+        setup.append(cgen.Line(f"ctx.b{k} = ({ctype(b.dtype)}*)bufs[{k}];  /* {b.name} */"))
+        stride = str(int(np.prod(b.element_shape)) if b.element_shape else 1)
+        for r in reversed(range(b.depth)):
+            setup.append(cgen.Line(f"ctx.s{k}_{r} = {stride};"))
+            stride = f"{stride}*{length_c(b.dims[r], param_c)}"
+    setup.append(cgen.Line("(void)c;"))
+    run = cgen.FunctionBody(
+        cgen.FunctionDeclaration(cgen.Value("void", "polyft_run"),
+                                 [cgen.Pointer(cgen.Pointer(cgen.Value("void", "bufs"))),
+                                  cgen.Pointer(cgen.Value("const long", "params"))]),
+        cgen.Block(setup + [code]))
+    module = cgen.Module([cgen.Line(PRELUDE), cgen.Line(""), ctx, cgen.Line("")]
+                         + [_const_decl(n, v) for n, v in consts.values()] + [cgen.Line("")]
+                         + functions + [cgen.Line(""), run])
+    return str(module) + "\n", layout

@@ -1,0 +1,284 @@
+"""Statement bodies as C: operation nodes on static tiles become macro-kernels (nested loops
+with constant bounds that the C compiler unrolls and vectorizes); loads and stores become
+index expressions into the original buffers, chosen per piece of the access map — a load
+is a pointer into the buffer, never a copy.
+"""
+from __future__ import annotations
+
+import math
+
+import cgen
+import numpy as np
+
+from polyft.errors import CompileError
+from polyft.etdg import Aff, Constraint, Gather, OpNode
+from polyft.types import Length
+
+CTYPES = {"float32": "float", "float64": "double", "float16": "float", "int64": "long long",
+          "int32": "int"}
+_UNARY = {"neg": "-({x})", "copy": "{x}", "tanh": "tanh{f}({x})", "exp": "exp{f}({x})",
+          "log": "log{f}({x})", "sqrt": "sqrt{f}({x})", "sigmoid": "1 / (1 + exp{f}(-({x})))",
+          "relu": "fmax{f}({x}, 0)", "zeros_like": "0"}
+_BINARY = {"add": "({a}) + ({b})", "sub": "({a}) - ({b})", "mul": "({a}) * ({b})",
+           "truediv": "({a}) / ({b})", "maximum": "fmax{f}({a}, {b})", "minimum": "fmin{f}({a}, {b})"}
+
+
+def ctype(dtype: str) -> str:
+    return CTYPES[dtype]
+
+
+def length_c(n: Length, param) -> str:
+    """A Length as a C expression over the parameters (`param(name)` gives their C names)."""
+    parts = [f"{v}*{param(k)}" for k, v in sorted(n.terms.items())]
+    for f in n.floors:
+        if f[1] == "max":
+            parts.append(f"{f[0]}*max({length_c(f[2], param)}, {f[3]})")
+        else:
+            parts.append(f"{f[0]}*floord({length_c(f[1], param)}, {f[2]})")
+    parts.append(str(n.const))
+    return "(" + " + ".join(parts) + ")"
+
+
+def aff_c(a, dim, param, gather) -> str:
+    """An index expression as C: dims by `dim(IterDim)`, gathers by `gather(Gather)`."""
+    if isinstance(a, Gather):
+        return gather(a)
+    parts = [f"{v}*{dim(k)}" for k, v in a.terms.items()]
+    parts += [f"{c}*floord({aff_c(inner, dim, param, gather)}, {d})" for c, inner, d in a.divs]
+    parts.append(length_c(a.offset, param))
+    return "(" + " + ".join(parts) + ")"
+
+
+def cond_c(c: Constraint, dim, param) -> str:
+    e = aff_c(c.expr, dim, param, None)
+    return f"{e} >= 0" if c.kind == "ge" else f"{e} == 0"
+
+
+class StatementBody:
+    """C code for one statement's operation nodes (in order)."""
+
+    def __init__(self, ops, dim, param, buffer_ref, const_ref):
+        self.ops = ops
+        self.dim = dim  # IterDim -> C name
+        self.param = param  # parameter name -> C expression
+        self.buffer_ref = buffer_ref  # (Buffer, [index C exprs]) -> C pointer expression
+        self.const_ref = const_ref  # numpy array -> name of a static const array
+        self.lines: list = []
+
+    # -- operands ---------------------------------------------------------------------
+    def _operand(self, a):
+        """(C name of a flat array, shape, dtype) for an op input."""
+        if isinstance(a, OpNode):
+            return f"v{a.id}", a.shape, a.dtype
+        value = np.asarray(a[1])
+        return self.const_ref(value), value.shape, value.dtype.name
+
+    def _at(self, name, shape, out_shape, idx) -> str:
+        """Element of a (broadcast) operand at output coordinates idx."""
+        if not shape:
+            return f"{name}[0]"
+        r, q = len(out_shape), len(shape)
+        terms = []
+        stride = 1
+        for m in reversed(range(q)):
+            if shape[m] != 1:
+                terms.append(f"{idx[r - q + m]}*{stride}" if stride != 1 else idx[r - q + m])
+            stride *= shape[m]
+        return f"{name}[{' + '.join(reversed(terms)) or '0'}]"
+
+    def _loops(self, shape, body_fn, tag):
+        """Nested loops over `shape`; body_fn(idx) gives the innermost statements."""
+        idx = [f"{tag}{d}" for d in range(len(shape))]
+        node = cgen.Block(body_fn(idx))
+        for d in reversed(range(len(shape))):
+            node = cgen.For(f"int {idx[d]} = 0", f"{idx[d]} < {shape[d]}", f"{idx[d]}++", node)
+        return node
+
+    @staticmethod
+    def _flat(shape, idx) -> str:
+        terms, stride = [], 1
+        for d in reversed(range(len(shape))):
+            terms.append(f"{idx[d]}*{stride}" if stride != 1 else idx[d])
+            stride *= shape[d]
+        return " + ".join(reversed(terms)) or "0"
+
+    def _decl(self, op):
+        self.lines.append(cgen.ArrayOf(cgen.POD(np.dtype(_np(op.dtype)), f"v{op.id}"),
+                                       max(1, math.prod(op.shape))))
+
+    # -- the operations ------------------------------------------------------------------
+    def generate(self) -> list:
+        for op in self.ops:
+            handler = getattr(self, f"_op_{op.op}", None)
+            if handler is None and op.op in _UNARY:
+                handler = self._unary
+            elif handler is None and op.op in _BINARY:
+                handler = self._binary
+            if handler is None:
+                raise CompileError(f"no C kernel for the operation {op.op} (shape {list(op.shape)})",
+                                   op="emit", where=op.where)
+            handler(op)
+        return self.lines
+
+    def _f(self, op):
+        return "f" if op.dtype == "float32" else ""
+
+    def _unary(self, op):
+        self._decl(op)
+        name, shape, _ = self._operand(op.inputs[0]) if op.inputs else (None, (), None)
+        tmpl = _UNARY[op.op]
+        o = f"v{op.id}"
+        self.lines.append(self._loops(op.shape, lambda idx: [cgen.Assign(
+            f"{o}[{self._flat(op.shape, idx)}]",
+            tmpl.format(x=self._at(name, shape, op.shape, idx) if name else "0", f=self._f(op)))], "_e"))
+
+    def _binary(self, op):
+        self._decl(op)
+        (a, sa, _), (b, sb, _) = self._operand(op.inputs[0]), self._operand(op.inputs[1])
+        o = f"v{op.id}"
+        tmpl = _BINARY[op.op]
+        self.lines.append(self._loops(op.shape, lambda idx: [cgen.Assign(
+            f"{o}[{self._flat(op.shape, idx)}]",
+            tmpl.format(a=self._at(a, sa, op.shape, idx), b=self._at(b, sb, op.shape, idx), f=self._f(op)))],
+            "_e"))
+
+    def _op_matmul(self, op):
+        (a, sa, _), (b, sb, _) = self._operand(op.inputs[0]), self._operand(op.inputs[1])
+        if len(sa) != 2 or len(sb) != 2:
+            raise CompileError(f"matmul of {list(sa)} and {list(sb)}: only 2-D tiles", op="emit", where=op.where)
+        P, K = sa
+        Q = sb[1]
+        o = f"v{op.id}"
+        self._decl(op)
+        self.lines.append(cgen.For("int _p = 0", f"_p < {P}", "_p++", cgen.Block([
+            cgen.For("int _q = 0", f"_q < {Q}", "_q++", cgen.Block([cgen.Assign(f"{o}[_p*{Q} + _q]", "0")])),
+            cgen.For("int _m = 0", f"_m < {K}", "_m++", cgen.Block([
+                cgen.Line(f"const {ctype(op.dtype)} _am = {a}[_p*{K} + _m];"),
+                cgen.For("int _q = 0", f"_q < {Q}", "_q++", cgen.Block([
+                    cgen.Line(f"{o}[_p*{Q} + _q] += _am * {b}[_m*{Q} + _q];")]))]))])))
+
+    def _op_transpose(self, op):
+        x, s, _ = self._operand(op.inputs[0])
+        self._decl(op)
+        o = f"v{op.id}"
+        self.lines.append(self._loops(op.shape, lambda idx: [cgen.Assign(
+            f"{o}[{self._flat(op.shape, idx)}]",
+            f"{x}[{self._flat(s, idx[:-2] + [idx[-1], idx[-2]])}]")], "_e"))
+
+    def _reduce(self, op, init, step, finish=None):
+        x, s, _ = self._operand(op.inputs[0])
+        self._decl(op)
+        o = f"v{op.id}"
+        axis = op.attrs.get("axis")
+        axes = list(range(len(s))) if axis is None else [a % len(s) for a in np.atleast_1d(axis)]
+        keep = [d for d in range(len(s)) if d not in axes]
+
+        def body(idx):
+            src = self._flat(s, idx)
+            out_idx = [idx[d] for d in keep]
+            dst = f"{o}[{self._flat([s[d] for d in keep], out_idx)}]"
+            return [cgen.Line(step.format(dst=dst, x=f"{x}[{src}]", f=self._f(op)) + ";")]
+        self.lines.append(self._loops(op.shape, lambda idx: [cgen.Assign(
+            f"{o}[{self._flat(op.shape, idx)}]", init)], "_e"))
+        self.lines.append(self._loops(s, body, "_r"))
+        if finish:
+            n = math.prod(s[d] for d in axes)
+            self.lines.append(self._loops(op.shape, lambda idx: [cgen.Line(
+                finish.format(dst=f"{o}[{self._flat(op.shape, idx)}]", n=n) + ";")], "_e"))
+
+    def _op_sum(self, op):
+        self._reduce(op, "0", "{dst} += {x}")
+
+    def _op_mean(self, op):
+        self._reduce(op, "0", "{dst} += {x}", "{dst} /= {n}")
+
+    def _op_max(self, op):
+        self._reduce(op, "-INFINITY", "{dst} = fmax{f}({dst}, {x})")
+
+    def _op_softmax(self, op):
+        x, s, _ = self._operand(op.inputs[0])
+        axis = op.attrs.get("axis", -1) % len(s)
+        self._decl(op)
+        o = f"v{op.id}"
+        outer = [d for d in range(len(s)) if d != axis]
+        n = s[axis]
+        f = self._f(op)
+
+        def body(idx):
+            full = lambda a: idx[:axis] + [a] + idx[axis:]  # noqa: E731
+            at = lambda a: self._flat(s, full(a))  # noqa: E731
+            return [cgen.Line(f"{ctype(op.dtype)} _mx = -INFINITY, _sm = 0;"),
+                    cgen.For("int _a = 0", f"_a < {n}", "_a++", cgen.Line(f"_mx = fmax{f}(_mx, {x}[{at('_a')}]);")),
+                    cgen.For("int _a = 0", f"_a < {n}", "_a++", cgen.Block([
+                        cgen.Line(f"{o}[{at('_a')}] = exp{f}({x}[{at('_a')}] - _mx);"),
+                        cgen.Line(f"_sm += {o}[{at('_a')}];")])),
+                    cgen.For("int _a = 0", f"_a < {n}", "_a++", cgen.Line(f"{o}[{at('_a')}] /= _sm;"))]
+        self.lines.append(self._loops([s[d] for d in outer], body, "_e"))
+
+    def _op_concat(self, op):
+        axis = op.attrs.get("axis", 0) % len(op.shape)
+        self._decl(op)
+        o = f"v{op.id}"
+        off = 0
+        for a in op.inputs:
+            x, s, _ = self._operand(a)
+
+            def body(idx, x=x, s=s, off=off):
+                dst = list(idx)
+                dst[axis] = f"({idx[axis]} + {off})"
+                return [cgen.Assign(f"{o}[{self._flat(op.shape, dst)}]", f"{x}[{self._flat(s, idx)}]")]
+            self.lines.append(self._loops(s, body, "_e"))
+            off += s[axis]
+
+    def _op_getitem(self, op):
+        x, s, _ = self._operand(op.inputs[0])
+        key = op.attrs["key"] if isinstance(op.attrs["key"], tuple) else (op.attrs["key"],)
+        self._decl(op)
+        o = f"v{op.id}"
+
+        def body(idx):
+            src, oi = [], 0
+            for d in range(len(s)):
+                item = key[d] if d < len(key) else slice(None)
+                if isinstance(item, (int, np.integer)):
+                    src.append(str(int(item) % s[d]))
+                elif isinstance(item, slice):
+                    start, _, step = item.indices(s[d])
+                    src.append(f"({start} + {step}*{idx[oi]})")
+                    oi += 1
+                else:
+                    raise CompileError(f"indexing with {item!r} has no C kernel", op="emit", where=op.where)
+            return [cgen.Assign(f"{o}[{self._flat(op.shape, idx)}]", f"{x}[{self._flat(s, src)}]")]
+        self.lines.append(self._loops(op.shape, body, "_e"))
+
+    def _op_load(self, op):
+        t = ctype(op.dtype)
+        name = f"v{op.id}"
+        self.lines.append(cgen.Line(f"const {t}* restrict {name};"))
+        branches = []
+        for pc in op.pieces:
+            if pc.buffer is None:
+                target = self.const_ref(np.broadcast_to(np.asarray(pc.const, dtype=_np(op.dtype)), op.shape))
+            else:
+                target = self.buffer_ref(pc.buffer, [self._index(ix) for ix in pc.index])
+            cond = " && ".join(cond_c(c, self.dim, self.param) for c in pc.conds) or "1"
+            branches.append((cond, cgen.Assign(name, target)))
+        node = branches[-1][1]  # the pieces partition the domain: the last needs no test
+        for cond, assign in reversed(branches[:-1]):
+            node = cgen.If(cond, cgen.Block([assign]), cgen.Block([node]))
+        self.lines.append(node)
+
+    def _index(self, ix) -> str:
+        return aff_c(ix, self.dim, self.param,
+                     lambda g: f"((long){self.buffer_ref(g.index, [aff_c(g.pos, self.dim, self.param, None)])}[0])")
+
+    def _op_store(self, op):
+        x, s, _ = self._operand(op.inputs[0])
+        dst = self.buffer_ref(op.buffer, [self._index(ix) for ix in op.index])
+        n = max(1, math.prod(op.shape))
+        self.lines.append(cgen.For("int _e = 0", f"_e < {n}", "_e++",
+                                   cgen.Assign(f"({dst})[_e]", f"{x}[_e]" if s else f"{x}[0]")))
+
+
+def _np(dtype: str):
+    return np.float32 if dtype == "float16" else np.dtype(dtype).type
