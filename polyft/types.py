@@ -90,6 +90,8 @@ class Length:
         """max(self, 0): lengths never go negative."""
         if self.is_concrete:
             return Length(const=max(self.const, 0))
+        if not self.floors and self.const >= 0 and all(v > 0 for v in self.terms.values()):
+            return self  # a sum of lengths (parameters are >= 0) is never negative: `L`, not `max(L, 0)`
         return Length(floors=((1, "max", self, 0),))
 
     # -- inspection ------------------------------------------------------------------
