@@ -27,26 +27,45 @@ def ctype(dtype: str) -> str:
     return CTYPES[dtype]
 
 
+def _sum(parts) -> str:
+    """C text of a sum of (coefficient, term) pairs plus nothing else: `2*i + N - 1`."""
+    text = ""
+    for coef, term in parts:
+        if coef == 0:
+            continue
+        body = term if term is not None else str(abs(coef))
+        if term is not None and abs(coef) != 1:
+            body = f"{abs(coef)}*{term}"
+        if not text:
+            text = ("-" if coef < 0 else "") + body
+        else:
+            text += (" - " if coef < 0 else " + ") + body
+    return text or "0"
+
+
 def length_c(n: Length, param) -> str:
     """A Length as a C expression over the parameters (`param(name)` gives their C names)."""
-    parts = [f"{v}*{param(k)}" for k, v in sorted(n.terms.items())]
+    parts = [(v, param(k)) for k, v in sorted(n.terms.items())]
     for f in n.floors:
-        if f[1] == "max":
-            parts.append(f"{f[0]}*max({length_c(f[2], param)}, {f[3]})")
-        else:
-            parts.append(f"{f[0]}*floord({length_c(f[1], param)}, {f[2]})")
-    parts.append(str(n.const))
-    return "(" + " + ".join(parts) + ")"
+        inner = f"max({length_c(f[2], param)}, {f[3]})" if f[1] == "max" else \
+            f"floord({length_c(f[1], param)}, {f[2]})"
+        parts.append((f[0], inner))
+    parts.append((n.const, None))
+    return "(" + _sum(parts) + ")"
 
 
 def aff_c(a, dim, param, gather) -> str:
     """An index expression as C: dims by `dim(IterDim)`, gathers by `gather(Gather)`."""
     if isinstance(a, Gather):
         return gather(a)
-    parts = [f"{v}*{dim(k)}" for k, v in a.terms.items()]
-    parts += [f"{c}*floord({aff_c(inner, dim, param, gather)}, {d})" for c, inner, d in a.divs]
-    parts.append(length_c(a.offset, param))
-    return "(" + " + ".join(parts) + ")"
+    parts = [(v, dim(k)) for k, v in a.terms.items()]
+    parts += [(c, f"floord({aff_c(inner, dim, param, gather)}, {d})") for c, inner, d in a.divs]
+    off = a.offset
+    parts += [(v, param(k)) for k, v in sorted(off.terms.items())]
+    if off.floors:
+        parts.append((1, length_c(Length(floors=off.floors), param)))
+    parts.append((off.const, None))
+    return "(" + _sum(parts) + ")"
 
 
 def cond_c(c: Constraint, dim, param) -> str:
