@@ -418,6 +418,8 @@ class FTTracer(ListBase):
 
     def gather(self, indices):
         idx = np.asarray(indices)
+        if idx.ndim == 1 and idx.size == 0:
+            idx = idx.astype(np.int64)  # `[]` is a float array to numpy; eagerly it gathers nothing
         if idx.ndim != 1 or not np.issubdtype(idx.dtype, np.integer):
             raise IndexRangeError(f"gather needs a 1-D integer index list, got {idx.dtype}{list(idx.shape)}",
                                   op="gather")
