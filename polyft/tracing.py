@@ -627,7 +627,7 @@ def traced_compute(op: str, f, lists, init):
     right = op in _RIGHT
     if no_init:
         init = _element(srcs[0] if len(srcs) == 1 else Zip(srcs), Aff.of(n - 1) if right else Aff.of(0))
-    state0 = _lift(init, op) if aggregate else None
+    state0 = _lift_init(init, op) if aggregate else None
 
     block = BlockNode([t], parent=outer)
     outer.body.append(block)
@@ -687,6 +687,20 @@ def traced_compute(op: str, f, lists, init):
         else:
             results.append(FTTracer(leaf.lengths, leaf.places, pieces, leaf.element_shape, leaf.dtype))
     return _rebuild(res, iter(results))
+
+
+def _lift_init(init, op):
+    """The init in tracer form; anything but a tensor / list / tuple of them is a StateTypeError
+    with the eager operators' hint (a Python number is not a tensor: use ft.zeros / ft.full)."""
+    try:
+        return _lift(init, op)
+    except ReturnTypeError:
+        bad = next((leaf for leaf in _leaves(init) if not isinstance(
+            leaf, (Value, FTTracer, FractalTensor, Zip, np.ndarray, np.generic))), init)
+        hint = " (make a constant with ft.zeros(shape) or ft.full(shape, value))" \
+            if isinstance(bad, (int, float)) else ""
+        raise StateTypeError(f"init must be a tensor, a FractalTensor, or a tuple of them, not a Python "
+                             f"{type(bad).__name__}{hint}", op=op) from None
 
 
 def _carry_buffer(leaf, ctx) -> Buffer:
