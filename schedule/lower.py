@@ -184,9 +184,11 @@ def _drop_unit_dims(model: PolyModel, name, shape, n_prog) -> PolyModel:
         model.domains[name] = model.domains[name].project_out(isl.dim_type.set, pos, 1).set_tuple_name(name)
         model.accesses = [(s, am, m.project_out(isl.dim_type.in_, pos, 1).set_tuple_name(isl.dim_type.in_, name))
                           for s, am, m in model.accesses]
-        model.schedule = isl.UnionMap.from_map(_maps(model.schedule)[0].project_out(isl.dim_type.in_, pos, 1)
-                                               .project_out(isl.dim_type.out, pos, 1)
-                                               .set_tuple_name(isl.dim_type.in_, name))
+        sched = _maps(model.schedule)  # none when the region is empty at these sizes
+        if sched:
+            model.schedule = isl.UnionMap.from_map(sched[0].project_out(isl.dim_type.in_, pos, 1)
+                                                   .project_out(isl.dim_type.out, pos, 1)
+                                                   .set_tuple_name(isl.dim_type.in_, name))
     model.accesses = [(s, am, m) for s, am, m in model.accesses if not m.is_empty()]
     reads = writes = isl.UnionMap.empty(model.context.get_space())
     for _, am, m in model.accesses:
