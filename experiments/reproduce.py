@@ -9,6 +9,7 @@ import time
 # artefact name -> module (each has run(preset, out_dir))
 ARTEFACTS = {
     "table5": "experiments.table5",
+    "cpu_rnn": "experiments.cpu_rnn",
 }
 
 
