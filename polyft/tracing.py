@@ -885,6 +885,9 @@ def _merge_perfect_nests(block):
 
 
 def _name_blocks(root):
+    # the root keeps no counter name: a fresh process's first root would be b0, like its
+    # first child, and their statements would share a name
+    root.name = "root"
     k = 0
 
     def walk(b):
