@@ -19,8 +19,8 @@ _USER_CODE_INSIDE = os.sep + "polyft" + os.sep + "workloads" + os.sep
 
 def _is_library_file(filename: str) -> bool:
     path = os.path.abspath(filename)
-    if _USER_CODE_INSIDE in path:
-        return False  # the bundled workloads are user programs too
+    if _USER_CODE_INSIDE in path and not os.path.basename(path).startswith("_"):
+        return False  # the bundled workloads are user programs too (not the registry and helpers)
     if "importlib" in path or path.startswith("<"):
         return True
     return path.startswith(_PKG_ROOTS)
