@@ -126,18 +126,27 @@ class StatementBody:
                                        max(1, math.prod(op.shape))))
 
     # -- the operations ------------------------------------------------------------------
+    RESTRICT = "restrict"
+
     def generate(self) -> list:
         for op in self.ops:
-            handler = getattr(self, f"_op_{op.op}", None)
-            if handler is None and op.op in _UNARY:
-                handler = self._unary
-            elif handler is None and op.op in _BINARY:
-                handler = self._binary
-            if handler is None:
-                raise CompileError(f"no C kernel for the operation {op.op} (shape {list(op.shape)})",
-                                   op="emit", where=op.where)
-            handler(op)
+            self._handler(op)(op)
+            self._after(op)
         return self.lines
+
+    def _handler(self, op):
+        handler = getattr(self, f"_op_{op.op}", None)
+        if handler is None and op.op in _UNARY:
+            handler = self._unary
+        elif handler is None and op.op in _BINARY:
+            handler = self._binary
+        if handler is None:
+            raise CompileError(f"no kernel for the operation {op.op} (shape {list(op.shape)})",
+                               op="emit", where=op.where)
+        return handler
+
+    def _after(self, op):
+        """Hook after each operation (the CUDA target puts a barrier there)."""
 
     def _f(self, op):
         return "f" if op.dtype == "float32" else ""
@@ -273,7 +282,7 @@ class StatementBody:
     def _op_load(self, op):
         t = ctype(op.dtype)
         name = f"v{op.id}"
-        self.lines.append(cgen.Line(f"const {t}* restrict {name};"))
+        self.lines.append(cgen.Line(f"const {t}* {self.RESTRICT} {name};"))
         branches = []
         for pc in op.pieces:
             if pc.buffer is None:

@@ -23,8 +23,8 @@ def cache_dir() -> str:
     return d
 
 
-def compiler() -> str:
-    cc = os.environ.get("CC", "cc")
+def compiler(cc=None) -> str:
+    cc = cc or os.environ.get("CC", "cc")
     if shutil.which(cc) is None:
         raise CompileError(f"no C compiler {cc!r} on PATH (set CC)", op="compile")
     return cc
@@ -45,9 +45,9 @@ def source_context(source: str, message: str, around: int = 3) -> str:
     return "\n".join(shown)
 
 
-def build(source: str, flags=None) -> str:
+def build(source: str, flags=None, cc=None) -> str:
     """Path of the shared object for `source`, compiling it unless cached."""
-    cc = compiler()
+    cc = compiler(cc)
     flags = list(FLAGS if flags is None else flags)
     key = hashlib.sha256("\0".join([source, cc, _version(cc)] + flags).encode()).hexdigest()[:20]
     d = cache_dir()

@@ -22,6 +22,7 @@ def analyze(fn, *inputs_or_specs, schedule="auto", sizes=None):
 
 
 def compile(fn, *inputs_or_specs, target="c", schedule="auto", sizes=None):
-    """Trace, analyse, schedule and generate code for `fn` (target "c"); call the result."""
+    """Trace, analyse, schedule and generate code for `fn` (target "c", "cuda" or
+    "cuda-emulated"); call the result on inputs."""
     from .program import compile as _compile
     return _compile(fn, *inputs_or_specs, target=target, schedule=schedule, sizes=sizes)

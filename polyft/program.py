@@ -27,26 +27,49 @@ class Program:
         return f"<Program {self.etdg.signature()}, {self.schedule.kind} schedule>"
 
 
+TARGETS = ("c", "cuda", "cuda-emulated")
+
+
 class CompiledProgram(Program):
-    """A program with generated code: call it on inputs like the function itself."""
+    """A program with generated code: call it on inputs like the function itself.
+
+    target "c": C with OpenMP, run through ctypes; "cuda": CUDA through PyCUDA on a GPU;
+    "cuda-emulated": the same CUDA source run on the CPU, one thread per block (for checking
+    the CUDA generator where there is no GPU).
+    """
 
     def __init__(self, fn, args, schedule="auto", sizes=None, target="c"):
-        super().__init__(fn, args, schedule, sizes)
-        if target != "c":
+        if target not in TARGETS:
             from .errors import PolyftError
-            raise PolyftError(f"unknown target {target!r}; available: 'c'", op="compile")
-        from emit import c_target
-        from emit.runtime_c import CFunction
+            raise PolyftError(f"unknown target {target!r}; available: {', '.join(TARGETS)}", op="compile")
+        super().__init__(fn, args, schedule, sizes)
         self.target = target
-        self.source, self.layout = c_target.generate(self.model, self.schedule)
-        self._run = CFunction(self.source)
+        if target == "c":
+            from emit import c_target
+            from emit.runtime_c import CFunction
+            self.source, self.layout = c_target.generate(self.model, self.schedule)
+            c_run = CFunction(self.source)
+            self._run = lambda arrays, values: c_run(arrays, [values[p] for p in self.model.params])
+        else:
+            from emit.runtime_cuda import CudaProgram
+            cuda = CudaProgram(self.model, self.schedule, "emulated" if target == "cuda-emulated" else "pycuda")
+            self.source, self.host_driver, self.layout = cuda.source, cuda.host, cuda.layout
+            self._run = cuda
 
     def __call__(self, *inputs):
+        from .interpret import assemble_outputs
+        values, storage = self._bind(inputs)
+        arrays = [storage[b] for b in self.layout.buffers]
+        self._run(arrays, values)
+        return assemble_outputs(self.etdg, storage)
+
+    def _bind(self, inputs):
+        """Check the inputs (before any native code runs) and allocate every buffer."""
         import numpy as np
 
         from .errors import InputError
         from .fractaltensor import FractalTensor
-        from .interpret import assemble_outputs, bind_params
+        from .interpret import bind_params
         if len(inputs) != len(self.etdg.inputs):
             raise InputError(f"expected {len(self.etdg.inputs)} inputs "
                              f"({', '.join(n for n, _ in self.etdg.inputs)}), got {len(inputs)}", op="call")
@@ -63,7 +86,6 @@ class CompiledProgram(Program):
             if arr.dtype != np.dtype(buf.dtype):
                 raise InputError(f"input {name} should be {buf.dtype}, got {arr.dtype}", op="call")
             storage[buf] = np.ascontiguousarray(arr)
-        arrays = []
         for b in self.layout.buffers:
             if b not in storage:
                 if b.kind in ("const", "index"):
@@ -71,9 +93,7 @@ class CompiledProgram(Program):
                 else:
                     shape = tuple(n.evaluate(params) for n in b.dims) + b.element_shape
                     storage[b] = np.empty(shape, dtype=b.dtype)
-            arrays.append(storage[b])
-        self._run(arrays, [params[p] for p in self.model.params])
-        return assemble_outputs(self.etdg, storage)
+        return params, storage
 
 
 def analyze(fn, *inputs_or_specs, schedule="auto", sizes=None) -> Program:
