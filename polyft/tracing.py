@@ -424,8 +424,8 @@ class FTTracer(ListBase):
             raise IndexRangeError(f"gather needs a 1-D integer index list, got {idx.dtype}{list(idx.shape)}",
                                   op="gather")
         n = self.lengths[0]
-        if n.is_concrete and idx.size and (idx.min() < 0 or idx.max() >= n.const):
-            bad = idx[(idx < 0) | (idx >= n.const)][0]
+        if idx.size and (idx.min() < 0 or (n.is_concrete and idx.max() >= n.const)):
+            bad = idx[(idx < 0) | (idx >= n.const if n.is_concrete else False)][0]
             raise IndexRangeError(f"gather index {bad} out of range for a list of length {n} "
                                   f"({self.type_string})", op="gather")
         st = _state()
