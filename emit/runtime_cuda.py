@@ -159,7 +159,9 @@ class CudaProgram:
         else:
             raise CompileError(f"unknown CUDA back end {backend!r}", op="compile")
 
-    def __call__(self, arrays: list, values: dict) -> None:
+    def bind(self, arrays: list, values: dict):
+        """Upload the buffers once; returns (run, fetch): `run()` launches the whole program on
+        the resident data (what a benchmark times), `fetch()` copies the outputs back."""
         handles, pointers = [], []
         for a in arrays:
             h, p = self.backend.upload(a)
@@ -167,11 +169,22 @@ class CudaProgram:
             pointers.append(p)
         ctx = pack_ctx(self.layout, self.params, values, pointers, [a.shape for a in arrays])
         ctx_handle, ctx_ptr = self.backend.ctx(ctx)
+        args = [values[p] for p in self.params]
 
         def launch(k, grid, los, outer):
             self.backend.launch(k, grid, (ctx_ptr, *los, *outer))
-        self._driver(launch, *[values[p] for p in self.params])
-        for k, (h, a) in enumerate(zip(handles, arrays)):
-            if self.layout.buffers[k].kind == "output":
-                arrays[k][...] = self.backend.download(h, a)
-        del ctx_handle
+
+        def run():
+            self._driver(launch, *args)
+
+        def fetch():
+            for k, (h, a) in enumerate(zip(handles, arrays)):
+                if self.layout.buffers[k].kind == "output":
+                    arrays[k][...] = self.backend.download(h, a)
+            return ctx_handle  # keeps the device context alive as long as the caller holds it
+        return run, fetch
+
+    def __call__(self, arrays: list, values: dict) -> None:
+        run, fetch = self.bind(arrays, values)
+        run()
+        fetch()

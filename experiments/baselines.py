@@ -59,15 +59,13 @@ def lstm_cell_loop(xss, wss, uss, bss):
     return t.stack(hs_all, 1).numpy()[:, :, :, None, :], t.stack(cs_all, 1).numpy()[:, :, :, None, :]
 
 
-def torch_lstm(xss, wss, uss, bss):
-    """stacked_lstm through torch.nn.LSTM (all layers' outputs are not exposed: returns the
-    top layer's hidden states [N, L, 1, H])."""
+def lstm_module(wss, uss, bss):
+    """torch.nn.LSTM (all layers) holding our weights; torch's gate blocks are (i, f, g, o)."""
     t = _torch()
-    x = t.from_numpy(xss.to_numpy()[:, :, 0, :])
-    N, L, H = x.shape
     layers = _layers(wss, uss, bss)
+    H = layers[0][0].shape[0]
     lstm = t.nn.LSTM(H, H, num_layers=len(layers), batch_first=True, bias=True)
-    order = [0, 1, 3, 2]  # torch's gate blocks are (i, f, g, o); ours (i, f, o, g)
+    order = [0, 1, 3, 2]
     with t.no_grad():
         for d, (W, U, b) in enumerate(layers):
             Wg, Ug, bg = W.T.reshape(4, H, H), U.T.reshape(4, H, H), b.reshape(4, H)
@@ -75,7 +73,15 @@ def torch_lstm(xss, wss, uss, bss):
             getattr(lstm, f"weight_hh_l{d}").copy_(t.cat([Ug[g] for g in order]))
             getattr(lstm, f"bias_ih_l{d}").copy_(t.cat([bg[g] for g in order]))
             getattr(lstm, f"bias_hh_l{d}").zero_()
-        out, _ = lstm(x)
+    return lstm
+
+
+def torch_lstm(xss, wss, uss, bss):
+    """stacked_lstm through torch.nn.LSTM: the top layer's hidden states [N, L, 1, H]."""
+    t = _torch()
+    x = t.from_numpy(xss.to_numpy()[:, :, 0, :])
+    with t.no_grad():
+        out, _ = lstm_module(wss, uss, bss)(x)
     return out.numpy()[:, :, None, :]
 
 

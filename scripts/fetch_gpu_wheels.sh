@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Run here (with network to PyPI) before a GPU session: downloads what the device lacks into
+# .whl/ (git-ignored): wheels of polyft's pure-Python/binary dependencies for the device's
+# Python 3.12 on x86-64, and the PyCUDA sdist, which gpu_session.sh builds on the device.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p .whl
+plat="--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64"
+for pkg in islpy cgen pytools platformdirs siphash24 mako; do
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    $plat -d .whl "$pkg"
+done
+python3 -m pip download -q --no-deps --no-binary=:all: -d .whl pycuda
+ls -la .whl
