@@ -467,6 +467,71 @@ def test_returning_inputs_views_and_constants():
     check_traced(program, (xs,))
 
 
+S22 = spec(["L"], (2, 2))
+SAB = spec(["A", "B"], (2,))
+EDGES = {
+    # name: (program, input shapes as (lengths, element shape), specs)
+    "scanl over a zip without init (tuple state)": (
+        lambda xs, ys: ft.scanl(lambda s, p: (s[0] * p[1] + p[0], s[1] - p[0]), ft.zip(xs, ys)),
+        [([4], (2, 2)), ([4], (2, 2))], (S22, S22)),
+    "foldr over a zip without init": (
+        lambda xs, ys: ft.foldr(lambda p, s: (s[0] * p[1] + p[0], s[1] - p[0]), ft.zip(xs, ys)),
+        [([4], (2, 2)), ([4], (2, 2))], (S22, S22)),
+    "map returning a zip": (
+        lambda xs, ys: ft.map(lambda x: ft.zip(ys, ys.reverse()), xs),
+        [([3], (2, 2)), ([4], (2, 2))], (S22, spec(["M"], (2, 2)))),
+    "identity maps": (
+        lambda xss: (xss.map(lambda xs: xs), xss.map(lambda xs: xs.map(lambda x: x))),
+        [([3, 4], (2,))], (SAB,)),
+    "scan returning its element / its state": (
+        lambda xs: (xs.scanl(lambda s, x: x, ft.ones((2, 2))), xs.scanl(lambda s, x: s, ft.ones((2, 2))),
+                    xs.scanr(lambda x, s: s)),
+        [([4], (2, 2))], (S22,)),
+    "one result returned twice": (
+        lambda xs: (lambda a: (a, a))(xs.map(lambda x: x * 2.0)), [([4], (2, 2))], (S22,)),
+    "a fold's result used by a later map": (
+        lambda xs, ys: ys.map(lambda y: y @ xs.reduce(lambda s, x: s @ x)),
+        [([4], (2, 2)), ([3], (2, 2))], (S22, spec(["M"], (2, 2)))),
+    "reduce over a product with a tuple state": (
+        lambda xs, ys: ft.product(xs, ys[:2]).map(lambda row: row.reduce(lambda s, p: (s[0] @ p[0], s[1] + p[1]))),
+        [([3], (2, 2)), ([4], (2, 2))], (S22, spec(["M"], (2, 2)))),
+    "padded window of lists": (
+        lambda xss: (xss.window(2, 1, 1).map(lambda w: w.map(lambda xs: xs.reduce(lambda s, x: s * 0.5 + x))),
+                     xss.window(2, 1, (0, 1))),
+        [([3, 4], (2,))], (SAB,)),
+    "padded window of a zip": (
+        lambda xs, ys: ft.zip(xs, ys).window(3, 1, 1).map(
+            lambda w: w.foldl(lambda s, p: s @ p[0] + p[1], ft.ones((2, 2)))),
+        [([4], (2, 2)), ([4], (2, 2))], (S22, S22)),
+    "scan with a (list, tensor) state": (
+        lambda xss: xss.scanl(lambda s, xs: (ft.map(lambda h, x: h + x, s[0], xs), s[1] * 2.0),
+                              (xss[0], ft.ones((2,)))),
+        [([3, 4], (2,))], (SAB,)),
+    "an element of the scanned list inside the scan": (
+        lambda xs: xs.scanl(lambda s, x: s @ xs[0] + x), [([4], (2, 2))], (S22,)),
+    "windows inside a strided split, merged": (
+        lambda xs: xs.strided_split(2).map(
+            lambda r: r.shifted_slide(3).map(lambda w: w.reduce(lambda s, x: s + x))).strided_merge(),
+        [([6], (2, 2))], (S22,)),
+    "numpy constants and every element function": (
+        lambda xs: xs.map(lambda x: ft.matmul(ft.transpose(x), x) * np.float32(2) + np.ones((2, 2), np.float32)
+                          + ft.maximum(x, 0.5) - ft.minimum(x, -0.5) + ft.relu(x) * ft.sqrt(ft.exp(x))
+                          + ft.log(ft.exp(x)) - 3 + ft.full((2, 2), 0.25) / (ft.zeros_like(x) + 2.0)),
+        [([4], (2, 2))], (S22,)),
+    "float64 lists": (
+        lambda xs: xs.scanl(lambda s, x: ft.tanh(s) + x), [([4], (2,))], (ft.spec("[L]float64[2]"),)),
+}
+
+
+@pytest.mark.parametrize("name", EDGES)
+def test_edge_programs(name):
+    program, shapes, specs = EDGES[name]
+    inputs = tuple(flist(lengths, shape, 100 + k) for k, (lengths, shape) in enumerate(shapes))
+    if specs[0].dtype == "float64":
+        inputs = tuple(ft.FractalTensor.from_numpy(x.to_numpy().astype(np.float64), x.depth) for x in inputs)
+    check_traced(program, inputs, specs)
+
+
 @pytest.mark.parametrize("name", list(WORKLOADS))
 def test_workloads_traced_on_specs_run_like_eager(name):
     mod = WORKLOADS[name]
