@@ -653,7 +653,9 @@ def _fuse_once(w: _Work, log) -> bool:
         src = _copy_source(store, run)
         if src is None:
             continue
-        if any(pc.buffer is None and np.shape(pc.const) != dst.element_shape for pc in src):
+        if any(np.shape(pc.const) != dst.element_shape if pc.buffer is None else
+               (pc.buffer.resolve().element_shape, pc.buffer.resolve().dtype) != (dst.element_shape, dst.dtype)
+               for pc in src):
             continue
         readers = [op for op in all_ops if op.op == "load"
                    and any(pc.buffer is not None and pc.buffer.resolve() is dst for pc in op.pieces)]
@@ -700,8 +702,11 @@ def fuse_access_maps(etdg: ETDG, log: list | None = None) -> ETDG:
     """
     log = [] if log is None else log
     w = _Work(etdg)
+    n0 = len(log)
     while _fuse_once(w, log):
         pass
+    if len(log) > n0:
+        _flatten(w.root, log, "fuse")
     return w.finish()
 
 
