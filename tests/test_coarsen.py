@@ -187,16 +187,34 @@ def test_a_map_reading_the_producer_at_t_plus_1_does_not_merge():
         C.check_dataflow(forced)
 
 
+def reads_behind(xs):
+    ys = ft.map(f, xs)
+    return ft.map(lambda w: w[1] - w[0], ys.window(2, padding=(1, 0)))  # ys[t-1] (zero before the start)
+
+
+def test_a_map_reading_the_producer_at_t_minus_1_merges():
+    e = ft.trace(reads_behind, S1)
+    new, log = run_pass(C.vertical_merge, e)
+    (b,) = blocks(new)
+    assert b.p == ["map"] and log
+    check(new, reads_behind, (XS,), e)
+
+
+def scanl_then_map(xs):
+    return ft.map(g, ft.scanl(sl, xs, ft.zeros((2,))))
+
+
 def scanr_then_map(xs):
     return ft.map(g, ft.scanr(sr, xs, ft.zeros((2,))))
 
 
-def test_map_after_scanr_composes_to_scanr():
-    e = ft.trace(scanr_then_map, S1)
+@pytest.mark.parametrize("prog, p", [(scanr_then_map, "scanr"), (scanl_then_map, "scanl")])
+def test_map_after_a_scan_composes_to_the_scan(prog, p):
+    e = ft.trace(prog, S1)
     new, _ = run_pass(C.vertical_merge, e)
     (b,) = blocks(new)
-    assert b.p == ["scanr"]
-    check(new, scanr_then_map, (XS,), e)
+    assert b.p == [p]
+    check(new, prog, (XS,), e)
 
 
 def scanl_then_scanr(xs):
