@@ -138,7 +138,8 @@ def build(etdg: ETDG, sizes: dict | None = None) -> PolyModel:
         raise LengthMismatchError(f"sizes name unknown lengths {sorted(unknown)}; the program's lengths "
                                   f"are {params}", op="model")
     prefix = f"[{', '.join(params)}] -> " if params else ""
-    ctx_conds = [f"{p} >= 0" for p in params] + [f"{p} = {v}" for p, v in sizes.items()] + etdg.assumptions
+    ctx_conds = [f"{p} >= 0" for p in params] + [f"{p} = {v}" for p, v in sizes.items()] + \
+        [a.isl() for a in etdg.assumptions]
     context = isl.Set(f"{prefix}{{ : {' and '.join(ctx_conds) or 'true'} }}")
     namer = _Namer(params)
     width = max((len(st.position) for st in etdg.statements), default=0)

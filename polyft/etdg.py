@@ -191,6 +191,31 @@ class Constraint:
         return f"{e} {op} 0"
 
 
+@dataclass(frozen=True)
+class Assumption:
+    """A condition on the lengths that a program traced with symbolic lengths relies on —
+    `xs[-7:]` needs L >= 7, `strided_split(4)` needs 4 | L. It joins the ISL context, and
+    concrete inputs are checked against it before the program runs."""
+
+    expr: Length  # expr >= 0 ("ge"), or expr divisible by d ("mod")
+    kind: str = "ge"
+    d: int = 1
+    why: str = ""  # the operator and the user's line
+
+    def holds(self, params: dict) -> bool:
+        v = self.expr.evaluate(params)
+        return v >= 0 if self.kind == "ge" else v % self.d == 0
+
+    def isl(self) -> str:
+        return f"{self.expr} >= 0" if self.kind == "ge" else f"({self.expr}) mod {self.d} = 0"
+
+    def __str__(self):
+        if self.kind == "mod":
+            return f"{self.expr} divisible by {self.d}"
+        c = self.expr.const
+        return f"{self.expr - c} >= {-c}" if c and (self.expr.terms or self.expr.floors) else f"{self.expr} >= 0"
+
+
 def eq(a, b) -> Constraint:
     return Constraint(Aff.of(a) - Aff.of(b), "eq")
 

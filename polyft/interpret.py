@@ -36,6 +36,10 @@ def bind_params(etdg: ETDG, args) -> dict:
                 if params.setdefault(p, arr.shape[k]) != arr.shape[k]:
                     raise InputError(f"length {p} is {params[p]} elsewhere but {arr.shape[k]} in input {name}",
                                      op="run")
+    for a in etdg.assumptions:
+        if all(q in params for q in a.expr.params) and not a.holds(params):
+            got = ", ".join(f"{q} = {params[q]}" for q in sorted(a.expr.params))
+            raise InputError(f"the program was traced assuming {a} ({a.why}); called with {got}", op="run")
     return params
 
 

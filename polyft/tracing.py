@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import itertools
 import operator
 import textwrap
 
@@ -19,7 +20,7 @@ import numpy as np
 from . import errors
 from .errors import (AccessError, DepthError, EmptyReduceError, IndexRangeError, LengthMismatchError,
                      RaggedError, ReturnTypeError, StateTypeError, TracerControlFlowError, WindowError)
-from .etdg import ETDG, Aff, BlockNode, Buffer, Constraint, Gather, IterDim, OpNode, Piece, eq, ge
+from .etdg import ETDG, Aff, Assumption, BlockNode, Buffer, Constraint, Gather, IterDim, OpNode, Piece, eq, ge
 from .fractaltensor import FractalTensor, ListBase, Zip
 from .types import Length, Spec
 
@@ -39,7 +40,11 @@ class _TraceState:
         self.n_const = 0
         self.reemitted: dict = {}  # (value id, block name) -> OpNode
         self.materialized: dict = {}  # value id -> Buffer
-        self.assumptions: list = []  # ISL constraints on the lengths the program relies on
+        self.assumptions: list = []  # etdg.Assumption: conditions on lengths the program relies on
+
+    def assume(self, expr: Length, op: str, kind: str = "ge", d: int = 1) -> None:
+        """Record that the program needs `expr >= 0` (or d | expr) for its symbolic lengths."""
+        self.assumptions.append(Assumption(expr, kind, d, f"{op} at {errors.user_location()}"))
 
     def new_buffer(self, dims, shape, dtype, kind="intermediate", value=None, name=None, created_in=()):
         """`created_in`: the dims of the context in which the buffer is one list value."""
@@ -332,6 +337,8 @@ class FTTracer(ListBase):
             if n.is_concrete and not -n.const <= k < n.const:
                 raise IndexRangeError(f"index {k} out of range for a list of length {n} ({self.type_string})",
                                       op="getitem")
+            if not n.is_concrete:
+                _state().assume(n + k if k < 0 else n - k - 1, f"xs[{k}]")
             return self._bind(Aff.of(n + k if k < 0 else Length.of(k)))
         raise TracerControlFlowError(f"lists are indexed by Python ints or slices, not {type(key).__name__}; "
                                      "use map/scan to visit elements, gather for data-dependent indices",
@@ -354,6 +361,13 @@ class FTTracer(ListBase):
                 if v is None:
                     return default
                 return n + v if v < 0 else Length.of(v)
+            # Python clamps out-of-range bounds; a symbolic length cannot be clamped, so the
+            # program assumes each bound it was given lies inside the list
+            what = f"xs[{s.start if s.start is not None else ''}:{s.stop if s.stop is not None else ''}:{step}]"
+            for v, first in ((s.start, True), (s.stop, False)):
+                if v is not None:
+                    top = n - 1 if (first and step < 0) else n
+                    _state().assume(n + v if v < 0 else top - v, what)
             if step > 0:
                 start, stop = norm(s.start, Length.of(0)), norm(s.stop, n)
                 length = ((stop - start + (step - 1)) // step).clamp0()
@@ -374,6 +388,8 @@ class FTTracer(ListBase):
             raise WindowError(f"window of size {size} is larger than the list of length {n}"
                               + (f" padded by {lo}+{hi}" if lo or hi else "") + f" ({self.type_string})",
                               op="window")
+        if not n.is_concrete:
+            _state().assume(n + lo + hi - size, f"window({size})")
         w, j = self._new_place(), self._new_place()
         pos = Aff.of(w) * stride + j - lo
         count = (n + lo + hi - size) // stride + 1
@@ -394,7 +410,7 @@ class FTTracer(ListBase):
         if n.is_concrete and n.const % d:
             raise WindowError(f"strided_split({d}) needs a length divisible by {d}, got {n}", op="strided_split")
         if not n.is_concrete and d > 1:
-            _state().assumptions.append(f"({n}) mod {d} = 0")
+            _state().assume(n, f"strided_split({d})", "mod", d)
         r, j = self._new_place(), self._new_place()
         return self._reindex({self.places[0]: Aff.of(r) + Aff.of(j) * d},
                              [Length.of(d), n // d] + self.lengths[1:], [r, j] + self.places[1:])
@@ -429,6 +445,8 @@ class FTTracer(ListBase):
             raise IndexRangeError(f"gather index {bad} out of range for a list of length {n} "
                                   f"({self.type_string})", op="gather")
         st = _state()
+        if idx.size and not n.is_concrete:
+            st.assume(n - int(idx.max()) - 1, "gather")
         ib = st.new_buffer([idx.size], (), idx.dtype.name, "index", idx.astype(np.int64))
         q = self._new_place()
         env = {self.places[0]: Gather(Aff.of(q), ib)}
@@ -619,6 +637,8 @@ def traced_compute(op: str, f, lists, init):
             raise EmptyReduceError(f"{op} without init over an empty traced list: its element type is "
                                    "unknown; give init", op=op)
         raise EmptyReduceError(f"{op} of an empty list without init", op=op)
+    if no_init and not n.is_concrete:
+        st.assume(n - 1, f"{op} without init")
     extent = (n - 1) if no_init else n
     outer = st.block
     ctx_out = outer.context()
@@ -822,7 +842,7 @@ def trace(fn, *args) -> ETDG:
         if fn_name == "program":
             fn_name = getattr(fn, "__module__", "program").rsplit(".", 1)[-1]
         etdg = ETDG(fn_name, st.root, inputs, outputs, res, buffers)
-        etdg.assumptions = list(dict.fromkeys(st.assumptions))
+        etdg.assumptions = list(dict.fromkeys(st.assumptions))  # in order, without repeats
         return etdg
     finally:
         _STATE = None
@@ -889,6 +909,7 @@ def _name_blocks(root):
     # first child, and their statements would share a name
     root.name = "root"
     k = 0
+    ops = itertools.count()
 
     def walk(b):
         nonlocal k
@@ -897,4 +918,9 @@ def _name_blocks(root):
                 n.name = f"b{k}"
                 k += 1
                 walk(n)
+            else:
+                # op ids in program order from 0, not from the process-wide counter: generated
+                # code names values by id, and the same program must give the same source (the
+                # compile cache is keyed by it)
+                n.id = next(ops)
     walk(root)

@@ -195,7 +195,7 @@ def test_strided_split_and_merge(d, m, seed):
 
 def test_strided_split_records_the_divisibility_it_assumes():
     etdg = ft.trace(lambda xs: xs.strided_split(4).map(lambda r: r.map(lambda x: x + 1.0)), SX)
-    assert etdg.assumptions == ["(L) mod 4 = 0"]
+    assert [a.isl() for a in etdg.assumptions] == ["(L) mod 4 = 0"]
 
 
 RUN_TIME_RANGE = {
@@ -214,10 +214,6 @@ RUN_TIME_RANGE = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a symbolically traced program is not checked against the "
-                   "lengths it is run on (tracing records no run-time condition except strided_split's "
-                   "etdg.assumptions, and interpret.run checks none): out-of-range reads wrap around "
-                   "(numpy negative indices) or crash in numpy, and a too-large window gives []")
 @pytest.mark.parametrize("name", RUN_TIME_RANGE)
 def test_symbolic_trace_run_on_lengths_it_does_not_fit_is_never_silently_wrong(name):
     """Eagerly these programs clamp (slices) or raise a PolyftError; the traced program run on the
@@ -234,8 +230,9 @@ def test_symbolic_trace_run_on_lengths_it_does_not_fit_is_never_silently_wrong(n
         return
     try:
         got = run(etdg, xs)
-    except errors.PolyftError:
-        return  # refusing these inputs would be acceptable
+    except errors.InputError as e:  # refused before running: it must say what the trace assumed
+        assert "traced assuming" in str(e) and "L = 5" in str(e)
+        return
     assert_same(got, expected)
 
 
