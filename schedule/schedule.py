@@ -336,20 +336,76 @@ def _parallel_dims(per_statement: dict, deps: Dependences) -> list:
     return parallel
 
 
-def sequential_steps(model: PolyModel, per_statement: dict, parallel: list) -> int | None:
+def _sequential_levels(model: PolyModel, per_statement: dict, deps: Dependences) -> dict:
+    """Per statement, the time dims it must run sequentially. Dim k is sequential for the
+    statements of a subtree of the schedule at level k (those whose times can share the
+    prefix of dims < k, closed transitively) in which some dependence is carried at k; in
+    another subtree the same dim runs in parallel (e.g. a map placed after a scan)."""
+    names = list(per_statement)
+    if not names:
+        return {}
+    width = per_statement[names[0]].dim(isl.dim_type.out)
+    images = {n: model.domains[n].apply(per_statement[n]).reset_tuple_id() for n in names}
+    carried = [set() for _ in range(width)]  # statements with a dependence carried at k
+    for m in _maps(_all_deps(deps)):
+        src, dst = m.get_tuple_name(isl.dim_type.in_), m.get_tuple_name(isl.dim_type.out)
+        same = m.apply_domain(per_statement[src]).apply_range(per_statement[dst])
+        for k in range(width):
+            if same.is_empty():
+                break
+            eq = same.equate(isl.dim_type.in_, k, isl.dim_type.out, k)
+            if not same.subtract(eq).is_empty():
+                carried[k] |= {src, dst}
+            same = eq
+    out = {n: set() for n in names}
+    for k in range(width):
+        if not carried[k]:
+            continue
+        prefix = {n: images[n].project_out(isl.dim_type.set, k, width - k) for n in names}
+        group_of = {}
+        for n in names:  # connected components of "can share the prefix"
+            if n in group_of:
+                continue
+            group_of[n], todo = n, [n]
+            while todo:
+                a = todo.pop()
+                for b in names:
+                    if b not in group_of and not prefix[a].intersect(prefix[b]).is_empty():
+                        group_of[b] = n
+                        todo.append(b)
+        seq_groups = {group_of[n] for n in carried[k]}
+        for n in names:
+            if group_of[n] in seq_groups:
+                out[n].add(k)
+    return out
+
+
+def sequential_steps(model: PolyModel, per_statement: dict, parallel: list, deps: Dependences | None = None) \
+        -> int | None:
     """Distinct values of the sequential time dims over all instances: the critical path in
-    steps when every parallel dim runs at once. Needs concrete sizes."""
+    steps when every parallel dim runs at once. Needs concrete sizes. With `deps`, a dim is
+    parallel or sequential per subtree of the schedule (`_sequential_levels`): a statement's
+    parallel dims are set to 0, which keeps every dependence strictly forward, so the count
+    is that of a legal execution; without, the dims that are parallel for every statement
+    (`parallel`) are projected out."""
     if any(p not in model.sizes for p in model.params):
         return None
+    seq = _sequential_levels(model, per_statement, deps) if deps is not None else None
     times = None
     for name, m in per_statement.items():
-        img = model.domains[name].apply(m)
+        img = model.domains[name].apply(m).reset_tuple_id()
+        if seq is not None:
+            for k in range(img.dim(isl.dim_type.set)):
+                if k not in seq[name]:
+                    img = img.project_out(isl.dim_type.set, k, 1).insert_dims(isl.dim_type.set, k, 1) \
+                        .fix_val(isl.dim_type.set, k, isl.Val.zero(img.get_ctx()))
         times = img if times is None else times.union(img)
     if times is None:
         return 0
-    for k in reversed(range(len(parallel))):
-        if parallel[k]:
-            times = times.project_out(isl.dim_type.set, k, 1)
+    if seq is None:
+        for k in reversed(range(len(parallel))):
+            if parallel[k]:
+                times = times.project_out(isl.dim_type.set, k, 1)
     count = 0
 
     def add(_):
@@ -383,6 +439,6 @@ def make_schedule(model: PolyModel, deps: Dependences, kind="auto") -> Schedule:
 def _finish(kind, model, deps, per, band_T, bs) -> Schedule:
     check_legal(per, deps)
     parallel = _parallel_dims(per, deps)
-    steps = sequential_steps(model, per, parallel)
+    steps = sequential_steps(model, per, parallel, deps)
     T = _statement_T(model, band_T) if kind != "user" else {}
     return Schedule(kind, _union(per.values()), per, T, bs, parallel, steps)
