@@ -8,10 +8,10 @@ each appends one line per change to an optional `log` list):
   dims are renamed to the first's and its sub-graph follows the first's.
 * `vertical_merge`: a producer block node and a consumer of its output (siblings): their dims
   are aligned outermost-first; equal-extent dims whose operators compose (Table 3, `compose`)
-  become one dim; the dims left over become child block nodes. Every candidate is checked
-  exactly with ISL (`dataflow_violations`): each element is read after it is written in the
-  new schedule order. A merged statement's loads of an element it has just stored read the
-  stored value directly (store-to-load forwarding).
+  become one dim; the dims left over (on one side at most) become child block nodes. Every
+  candidate is checked exactly with ISL (`dataflow_violations`): each element is read after
+  it is written in the new schedule order. A merged statement's loads of an element it has
+  just stored read the stored value directly (store-to-load forwarding).
 * `depthwise_merge`: two adjacent dims `a` (outer), `b` (inner, constant extent n) of one
   block node become one dim `t = a*n + b`; accesses get `a = floor(t/n)`, `b = t mod n`,
   simplified (an access along `a*n + b` becomes linear in `t`). Only where both dims have the
@@ -747,7 +747,12 @@ def drop_dead_buffers(etdg: ETDG, log: list | None = None) -> ETDG:
 
 
 def coarsen(etdg: ETDG, depthwise: bool = True, depthwise_ops=("map",), max_rounds: int = 50):
-    """All passes to a fixpoint: returns (new ETDG, log of what each pass did)."""
+    """All passes to a fixpoint: returns (new ETDG, log of what each pass did).
+
+    A round runs fuse_access_maps, drop_dead_buffers, horizontal_merge, vertical_merge and
+    (unless `depthwise=False`) depthwise_merge; rounds repeat until one changes nothing.
+    No pass adds a block node, so the result has at most as many as the input.
+    """
     log = []
     cur = etdg
     passes = [fuse_access_maps, drop_dead_buffers, horizontal_merge, vertical_merge]

@@ -419,13 +419,28 @@ def make_schedule(model: PolyModel, deps: Dependences, kind="auto") -> Schedule:
     """`kind`: "auto" (hyperplane reordering), "original" (the nest as written), or an ISL
     schedule (isl.UnionMap or its string) that a user supplies; each is checked legal."""
     if isinstance(kind, (str, isl.UnionMap)) and kind not in ("auto", "original"):
-        user = kind if isinstance(kind, isl.UnionMap) else isl.UnionMap(kind)
+        try:
+            user = kind if isinstance(kind, isl.UnionMap) else isl.UnionMap(kind)
+        except isl.Error as e:
+            raise ScheduleError(f"cannot read the schedule {kind!r} as an ISL union map ({e})",
+                                op="schedule") from None
         per = {}
         for m in _maps(user.intersect_params(model.context)):
             per[m.get_tuple_name(isl.dim_type.in_)] = m
         missing = set(model.domains) - set(per)
         if missing:
             raise ScheduleError(f"the schedule gives no time to {sorted(missing)}", op="schedule")
+        unknown = set(per) - set(model.domains)
+        if unknown:
+            raise ScheduleError(f"the schedule names statements the program does not have: {sorted(unknown)}; "
+                                f"its statements are {sorted(model.domains)}", op="schedule")
+        for name, dom in model.domains.items():  # a dependence is only checked where both ends have a time
+            untimed = dom.subtract(per[name].domain())
+            if not untimed.is_empty():
+                raise ScheduleError(f"the schedule gives no time to the instances {untimed}", op="schedule")
+            if not per[name].intersect_domain(dom).is_single_valued():
+                raise ScheduleError(f"the schedule gives instances of {name} more than one time: {per[name]}",
+                                    op="schedule")
         return _finish("user", model, deps, per, {}, [])
     bs = bands(model)
     band_T = {}
