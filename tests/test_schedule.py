@@ -1,0 +1,673 @@
+"""The scheduler (schedule/): the paper's §5.2 reordering, checked against the paper and by
+brute force.
+
+* Figure 6 / Table 5: region3 of the stacked RNN lowered to element level has the operator
+  vector (map, scanl, scanl, map) in its dependences, T is Figure 6's matrix, the new loop
+  bounds mean exactly Table 5's ranges (compared as sets: ISL and a Python enumeration), and
+  the transformed access maps M·T⁻¹ / o are e12..e15;
+* the stacked RNN runs in L + D - 1 sequential steps ("auto") against D·L ("original");
+* every workload's schedule is legal, also by brute force: the ETDG is run instance by
+  instance, every (writer, reader) pair is mapped through the schedule at concrete sizes and
+  must go strictly forward in lexicographic time;
+* the RNN family's recurrence bands are wavefronts: one sequential dim (π), the rest parallel;
+* user schedules: an illegal one raises ScheduleError naming a violated dependence as ISL, a
+  legal one is accepted, one that leaves instances without a time is refused;
+* Table 4 through the scheduler (π = e_i for an aggregate at depth i; a stride-s access gives
+  distance s on the flat index);
+* hypothesis: random nests always get a legal "auto" schedule, never with more sequential
+  steps than the nest as written.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+
+import islpy as isl
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import polyft as ft
+from deps.analyze import analyze as analyze_deps
+from deps.model import _maps, build
+from polyft import interpret
+from polyft.errors import ScheduleError
+from polyft.etdg import BlockNode, ge
+from polyft.workloads import WORKLOADS, stacked_rnn
+from schedule.lower import lower
+from schedule.reorder import Reordering, bounds, reorder, transformed_accesses
+from schedule.schedule import distances
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def points(obj) -> set:
+    """The points of a finite isl.Set (or of a Map, as (in + out) tuples), parameters fixed
+    by the context and projected out."""
+    s = obj.wrap() if isinstance(obj, isl.Map) else obj
+    n_par = s.dim(isl.dim_type.param)
+    if n_par:
+        s = s.project_out(isl.dim_type.param, 0, n_par)
+    assert s.is_bounded(), f"not finite: {obj}"
+    n = s.dim(isl.dim_type.set)
+    out = set()
+    s.foreach_point(lambda p: out.add(tuple(int(p.get_coordinate_val(isl.dim_type.set, k).to_python())
+                                            for k in range(n))))
+    return out
+
+
+def concrete(obj, model, sizes):
+    """`obj` with the model's parameters fixed to `sizes`."""
+    ctx = isl.Set(f"[{', '.join(model.params)}] -> {{ : "
+                  f"{' and '.join(f'{p} = {sizes[p]}' for p in model.params)} }}")
+    return obj.intersect_params(ctx)
+
+
+def times(model, schedule) -> dict:
+    """(statement, instance) -> time vector, for every instance (concrete sizes)."""
+    out = {}
+    for name, m in schedule.per_statement.items():
+        dom = model.domains[name]
+        n_in = dom.dim(isl.dim_type.set)
+        for p in points(m.intersect_domain(dom)):
+            key = (name, p[:n_in])
+            assert key not in out, f"{key} has two times"
+            out[key] = p[n_in:]
+    return out
+
+
+def brute_flow(etdg, inputs) -> set:
+    """Run the ETDG instance by instance: every (writer, reader) pair of instances."""
+    last, pairs = {}, set()
+
+    def record(stmt, env, reads, writes):
+        me = (stmt.name, tuple(env[d] for d in stmt.dims))
+        for buf_idx in reads:
+            if buf_idx in last:
+                pairs.add((last[buf_idx], me))
+        for buf_idx in writes:
+            last[buf_idx] = me
+    interpret.run(etdg, *inputs, record=record)
+    return pairs
+
+
+def assert_brute_force_legal(prog, inputs, schedule=None) -> int:
+    """Every brute-force flow dependence goes strictly forward in the schedule's time;
+    returns the number of pairs checked."""
+    schedule = schedule or prog.schedule
+    when = times(prog.model, schedule)
+    pairs = brute_flow(prog.etdg, inputs)
+    for src, dst in pairs:
+        assert src in when and dst in when, f"{src} or {dst} has no time in the schedule"
+        assert when[src] < when[dst], (f"{schedule.kind} schedule runs {dst} at {when[dst]}, not after "
+                                       f"its source {src} at {when[src]}")
+    return len(pairs)
+
+
+def sizes_of(etdg, inputs) -> dict:
+    return interpret.bind_params(etdg, inputs)
+
+
+# -- Figure 6 and Table 5: region3 of the stacked RNN -----------------------------------------
+
+FIGURE6_T = [[0, 1, 1, 0], [0, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 1]]
+E12 = [[0, 0, 1, 0], [0, 1, 0, 0], [1, -1, 0, 0]]
+E13 = E12 + [[0, 0, 0, 1]]
+TABLE5_ACCESSES = sorted([  # (kind, buffer, M·T⁻¹, o)
+    ("read", "ysss", E12, [0, -1, 0]),          # e12: the layer below, ysss[i][j-1][k]
+    ("read", "ysss", E13, [0, 0, -1, 0]),       # e13: the previous step, ysss[i][j][k-1]
+    ("read", "ws", [[0, 1, 0, 0], [0, 0, 0, 1]], [0, 0]),  # e14: the layer's weights
+    ("write", "ysss", E13, [0, 0, 0, 0]),       # e15: the output
+])
+
+
+@pytest.fixture(scope="module", params=["small", "paper"])
+def region3(request):
+    """(preset, element width H, lowered model, dependences, statement, Reordering)."""
+    preset = request.param
+    etdg = ft.trace(stacked_rnn.program, *stacked_rnn.specs(preset))
+    st_ = etdg.statements[0]
+    _, j, k = st_.dims
+    low = lower(build(etdg), st_.name, region=(ge(j, 1), ge(k, 1)))
+    deps = analyze_deps(low)
+    dist = distances(deps, [st_.name], 0, [False] * 4)
+    R = reorder(low, deps, st_.name, dist)
+    return preset, stacked_rnn.PRESETS[preset]["H"], low, deps, st_.name, R, dist
+
+
+def test_region3_dims_are_map_scanl_scanl_map(region3):
+    _, H, low, deps, name, R, dist = region3
+    assert low.statements[name].block.p == ["map", "scanl", "scanl"]
+    assert len(low.dim_names) == 4  # [i, j, k, e1]: the [1, H] element's unit dim dropped
+    vecs = R.distances
+    assert isinstance(vecs, set) and vecs
+    # Table 4: a map dim never carries a dependence, a scanl dim does (distance 1 on it)
+    leading = {next(c for c, x in enumerate(v) if x) for v in vecs}
+    assert leading == {1, 2}
+    assert all(v[0] == 0 for v in vecs)
+    assert (0, 0, 1, 0) in vecs  # along time: the same element of the previous step
+    # along the layers: every element of the row below (the matmul's contraction)
+    assert {v for v in vecs if v[1] == 1} == {(0, 1, 0, d) for d in range(-(H - 1), H)}
+
+
+def test_region3_T_is_figure6(region3):
+    *_, R, _ = region3
+    assert R.T.tolist() == FIGURE6_T
+    assert R.pi == (0, 1, 1, 0)
+
+
+def _bound_constraints(text: str, name: str) -> str:
+    """`[lo, hi)` (pieces joined by ∪, lo/hi possibly max(...)/min(...)) as an ISL condition."""
+    if text == "":  # how bounds() prints the range of an empty domain
+        return "false"
+    pieces = []
+    for piece in text.split(" ∪ "):
+        assert piece.startswith("[") and piece.endswith(")"), piece
+        body = piece[1:-1]
+        depth, cut = 0, None
+        for pos, ch in enumerate(body):
+            depth += ch == "("
+            depth -= ch == ")"
+            if ch == "," and depth == 0:
+                cut = pos
+        lo, hi = body[:cut].strip(), body[cut + 1:].strip()
+        pieces.append(f"({lo} <= {name} < {hi})")
+    return " or ".join(pieces)
+
+
+def _printed_bounds_set(low, R) -> isl.Set:
+    names = R.new_names
+    cond = " and ".join(f"({_bound_constraints(b, n)})" for n, b in bounds(low, list(low.domains)[0], R))
+    return isl.Set(f"[{', '.join(low.params)}] -> {{ [{', '.join(names)}] : {cond} }}").intersect_params(low.context)
+
+
+def _transformed_domain(low, name, T) -> isl.Set:
+    dom = low.domains[name]
+    n = dom.dim(isl.dim_type.set)
+    xs = [f"x{c}" for c in range(n)]
+    rows = [" + ".join(f"{a}*{x}" for a, x in zip(row, xs) if a) or "0" for row in T]
+    tm = isl.Map(f"[{', '.join(low.params)}] -> {{ {name}[{', '.join(xs)}] -> [{', '.join(rows)}] }}")
+    return dom.apply(tm)
+
+
+def test_region3_bounds_mean_table5(region3):
+    """The printed bounds, Table 5's ranges and T applied to region3's domain are the same
+    set, parametrically in N, D, L (the element width is the preset's H; 512 in the paper)."""
+    preset, H, low, _, name, R, _ = region3
+    b = dict(bounds(low, name, R))
+    assert b["j1"] == f"[0, {H})" and b["j2"] == "[0, N)"
+    printed = _printed_bounds_set(low, R)
+    td = _transformed_domain(low, name, FIGURE6_T)
+    table5 = isl.Set(f"[D, L, N] -> {{ [j4, j3, j2, j1] : 2 <= j4 < L + D - 1 and "
+                     f"max(1, j4 - L + 1) <= j3 < min(j4, D) and 0 <= j2 < N and 0 <= j1 < {H} }}"
+                     ).intersect_params(low.context)
+    assert printed.is_equal(td), f"printed bounds {b} differ from T(domain) {td}"
+    assert table5.is_equal(td)
+
+
+@pytest.mark.parametrize("N, D, L", [(1, 1, 1), (1, 2, 1), (1, 1, 3), (2, 3, 4), (1, 4, 2), (2, 2, 5)])
+def test_region3_bounds_enumerated(N, D, L):
+    """At concrete sizes: the points of the bounds printed for Figure 6's T, of Table 5's loops
+    written in Python, and of region3 (j >= 1, k >= 1) mapped through T with numpy, are the
+    same. (At sizes where a scan has a single step in region3 the hyperplane differs, e.g.
+    L = 2: then the bounds printed for the T found mean T applied to region3.)"""
+    etdg = ft.trace(stacked_rnn.program, *stacked_rnn.specs("small"))
+    st_ = etdg.statements[0]
+    _, j, k = st_.dims
+    low = lower(build(etdg, {"N": N, "D": D, "L": L}), st_.name, region=(ge(j, 1), ge(k, 1)))
+    deps = analyze_deps(low)
+    R = reorder(low, deps, st_.name, distances(deps, [st_.name], 0, [False] * 4))
+    H = stacked_rnn.PRESETS["small"]["H"]
+    region = [(i, jj, kk, e) for i in range(N) for jj in range(1, D) for kk in range(1, L) for e in range(H)]
+    T = np.array(FIGURE6_T)
+    mapped = {tuple(int(x) for x in T @ np.array(p)) for p in region}
+    table5 = {(j4, j3, j2, j1) for j4 in range(2, L + D - 1) for j3 in range(max(1, j4 - L + 1), min(j4, D))
+              for j2 in range(N) for j1 in range(H)}
+    fig6 = Reordering(R.names, set(), (0, 1, 1, 0), [], np.array(FIGURE6_T, dtype=object))
+    assert points(_printed_bounds_set(low, fig6)) == table5 == mapped
+    own = {tuple(int(x) for x in np.array(R.T, dtype=np.int64) @ np.array(p)) for p in region}
+    assert points(_printed_bounds_set(low, R)) == own
+    if D >= 3 and L >= 3:  # both scans have a dependence inside region3
+        assert R.T.tolist() == FIGURE6_T
+
+
+def test_region3_accesses_are_table5(region3):
+    *_, low, _, name, R, _ = region3
+    got = sorted((kind, buf, mt.tolist(), [int(x) for x in o])
+                 for kind, buf, _, mt, o in transformed_accesses(low, name, R))
+    assert got == TABLE5_ACCESSES
+
+
+# -- stacked RNN: L + D - 1 against D·L ----------------------------------------------------
+
+
+@pytest.mark.parametrize("D, L", [(1, 1), (1, 5), (4, 1), (2, 2), (3, 4), (5, 3), (8, 2)])
+def test_stacked_rnn_sequential_steps(D, L):
+    specs = stacked_rnn.specs("small")
+    sizes = {"N": 2, "D": D, "L": L}
+    auto = ft.analyze(stacked_rnn.program, *specs, sizes=sizes)
+    orig = ft.analyze(stacked_rnn.program, *specs, sizes=sizes, schedule="original")
+    assert auto.schedule.sequential_steps == L + D - 1
+    assert orig.schedule.sequential_steps == D * L
+
+
+# -- every workload: legal, also by brute force --------------------------------------------
+
+SHRINK = {"dilated_rnn": {"H": 4}, "flash_attention": {"Lk": 8}, "bigbird": {"nb": 6}}
+
+
+@pytest.fixture(scope="module", params=sorted(WORKLOADS))
+def workload(request):
+    """(name, inputs, auto program, original schedule) at the small preset."""
+    name = request.param
+    mod = WORKLOADS[name]
+    over = SHRINK.get(name, {})
+    inputs = mod.inputs("small", seed=0, **over)
+    specs = mod.specs("small", **over)
+    sizes = sizes_of(ft.trace(mod.program, *specs), inputs)
+    prog = ft.analyze(mod.program, *specs, sizes=sizes)  # make_schedule checks legality with ISL
+    return name, inputs, prog, prog.original_schedule()
+
+
+def test_workload_schedule_legal_by_brute_force(workload):
+    name, inputs, prog, original = workload
+    assert prog.schedule.kind == "auto"
+    assert prog.schedule.sequential_steps is not None
+    assert assert_brute_force_legal(prog, inputs) > 0  # not vacuous: there are dependences
+    assert_brute_force_legal(prog, inputs, original)
+
+
+def test_workload_auto_no_slower_than_original(workload):
+    name, _, prog, original = workload
+    assert prog.schedule.sequential_steps <= original.sequential_steps, name
+
+
+def test_brute_force_check_is_not_vacuous():
+    """A schedule that runs the stacked RNN's time steps backwards is caught."""
+    inputs = stacked_rnn.inputs("small", seed=0)
+    specs = stacked_rnn.specs("small")
+    sizes = sizes_of(ft.trace(stacked_rnn.program, *specs), inputs)
+    prog = ft.analyze(stacked_rnn.program, *specs, sizes=sizes)
+    bad = isl.Map("[D, L, N] -> { S_b0[i, j, k] -> [0, i, j, -k, 0] }").intersect_params(prog.model.context)
+    fake = type(prog.schedule)("user", isl.UnionMap.from_map(bad), {"S_b0": bad}, {}, [], [], None)
+    with pytest.raises(AssertionError, match="not after its source"):
+        assert_brute_force_legal(prog, inputs, fake)
+
+
+# -- the RNN family: wavefront bands ----------------------------------------------------------
+
+
+def band_offset(model, stmt, band) -> int:
+    """Where the band's rows start in the statement's time vector."""
+    off, k, pos = 0, 0, stmt.position
+    while k < len(pos):
+        if isinstance(pos[k], int):
+            off, k = off + 1, k + 1
+            continue
+        blk = next(b for b in model.etdg.blocks() if b.dims and b.dims[0] is pos[k])
+        if blk is band.block:
+            return off
+        off, k = off + len(blk.dims), k + len(blk.dims)
+    raise AssertionError(f"{band.block.name} is not on {stmt.name}'s path")
+
+
+def carried_levels(prog, band) -> set:
+    """The time levels inside the band's rows at which a dependence among its statements is
+    carried."""
+    per = prog.schedule.per_statement
+    levels = set()
+    for m in _maps(prog.deps.may_flow.union(prog.deps.anti).union(prog.deps.output)):
+        src, dst = m.get_tuple_name(isl.dim_type.in_), m.get_tuple_name(isl.dim_type.out)
+        if src not in band.statements or dst not in band.statements:
+            continue
+        off = band_offset(prog.model, prog.model.statements[src], band)
+        assert off == band_offset(prog.model, prog.model.statements[dst], band)
+        t = m.apply_domain(per[src]).apply_range(per[dst])
+        for level in range(off, off + len(band.dims)):
+            same = t
+            for c in range(level):
+                same = same.equate(isl.dim_type.in_, c, isl.dim_type.out, c)
+            if not same.subtract(same.equate(isl.dim_type.in_, level, isl.dim_type.out, level)).is_empty():
+                levels.add(level - off)
+    return levels
+
+
+RNN_PI = {  # the workload's recurrence bands: operators -> π
+    "stacked_rnn": {("map", "scanl", "scanl"): (0, 1, 1)},
+    "stacked_lstm": {("scanl", "scanl"): (1, 1)},
+    "dilated_rnn": {("map", "scanl"): (0, 1)},
+    "grid_rnn": {("scanl", "scanl", "scanl"): (1, 1, 1)},
+}
+
+
+@pytest.mark.parametrize("name", sorted(RNN_PI))
+def test_rnn_recurrence_bands_are_wavefronts(name):
+    mod = WORKLOADS[name]
+    specs = mod.specs("small")
+    sizes = sizes_of(ft.trace(mod.program, *specs), mod.inputs("small"))
+    prog = ft.analyze(mod.program, *specs, sizes=sizes)
+    seq = [b for b in prog.schedule.bands if b.pi is not None]
+    assert seq, "no band carries the recurrence"
+    for b in seq:
+        assert tuple(b.block.p) in RNN_PI[name], (b.block.name, b.block.p)
+        assert b.pi == RNN_PI[name][tuple(b.block.p)]
+        assert list(b.T[0]) == list(b.pi)  # the hyperplane is T's first row
+        assert carried_levels(prog, b) == {0}, f"{b.block.name}: carried at {carried_levels(prog, b)}"
+    if name != "dilated_rnn":  # one scan per layer band there: π is a unit vector
+        assert any(sum(1 for a in b.pi if a) >= 2 for b in seq)
+
+
+def test_grid_rnn_three_scans():
+    mod = WORKLOADS["grid_rnn"]
+    prog = ft.analyze(mod.program, *mod.specs("small"))
+    (band,) = [b for b in prog.schedule.bands if b.pi is not None]
+    assert band.block.p == ["scanl", "scanl", "scanl"]
+    assert band.distances == {(1, 0, 0), (0, 1, 0), (0, 0, 1)}
+    assert band.pi == (1, 1, 1)
+
+
+# -- user schedules --------------------------------------------------------------------------
+
+RNN_SIZES = {"N": 2, "D": 3, "L": 4}
+
+
+@pytest.mark.parametrize("text, carried", [
+    ("{ S_b0[i, j, k] -> [0, i, -k, j, 0] }", "k' = 1 + k"),     # time runs backwards, layers inside
+    ("{ S_b0[i, j, k] -> [0, i, j, -k, 0] }", "k' = 1 + k"),     # the time scan reversed
+    ("{ S_b0[i, j, k] -> [0, i, -j, k, 0] }", "j' = 1 + j"),     # the layer scan reversed
+    ("{ S_b0[i, j, k] -> [0, i, j, 0, 0] }", "k' = 1 + k"),      # all time steps at once
+])
+def test_illegal_user_schedule_names_a_violated_dependence(text, carried):
+    specs = stacked_rnn.specs("small")
+    with pytest.raises(ScheduleError) as info:
+        ft.analyze(stacked_rnn.program, *specs, schedule=text, sizes=RNN_SIZES)
+    msg = str(info.value)
+    found = re.search(r"violates the dependence (.*?\}) \(scheduled", msg)
+    assert found, msg
+    violated = isl.Map(found.group(1))  # an ISL string
+    assert not violated.is_empty() and carried in found.group(1)
+    prog = ft.analyze(stacked_rnn.program, *specs, sizes=RNN_SIZES)
+    assert violated.is_subset(_maps(prog.deps.flow)[0].intersect_params(prog.model.context))
+    # and it is really violated: the user's times of its source and sink are not increasing
+    user = isl.Map(text).intersect_params(prog.model.context)
+    for p in points(violated):
+        t_src = points(user.intersect_domain(isl.Set(f"{{ S_b0[{', '.join(map(str, p[:3]))}] }}")).range())
+        t_dst = points(user.intersect_domain(isl.Set(f"{{ S_b0[{', '.join(map(str, p[3:]))}] }}")).range())
+        assert list(t_src)[0] >= list(t_dst)[0]
+
+
+def test_legal_user_schedule_is_accepted():
+    specs = stacked_rnn.specs("small")
+    auto = ft.analyze(stacked_rnn.program, *specs, sizes=RNN_SIZES)
+    user = ft.analyze(stacked_rnn.program, *specs, schedule=str(auto.schedule.map), sizes=RNN_SIZES)
+    assert user.schedule.kind == "user"
+    assert user.schedule.map.is_equal(auto.schedule.map)
+    assert user.schedule.sequential_steps == auto.schedule.sequential_steps == 3 + 4 - 1
+    # a wavefront written by hand, without the sequence dims
+    hand = ft.analyze(stacked_rnn.program, *specs, schedule="{ S_b0[i, j, k] -> [j + k, j, i] }",
+                      sizes=RNN_SIZES)
+    assert hand.schedule.parallel == [False, True, True]
+    assert hand.schedule.sequential_steps == 6
+    inputs = stacked_rnn.inputs("small", N=2, D=3, L=4)
+    assert assert_brute_force_legal(hand, inputs) > 0
+
+
+@pytest.mark.parametrize("text", [
+    "{ S_b0[i, j, k] -> [i, j, k] : i = 0 }",                       # instances with i = 1 get no time
+    "{ S_b0[i, j, k] -> [i, j, k] : k < 2 }",
+    "{ S_b0[i, j, k] -> [i, j, k, t] : 0 <= t <= 1 }",              # two times for one instance
+])
+def test_user_schedule_must_give_every_instance_one_time(text):
+    with pytest.raises(ScheduleError):
+        ft.analyze(stacked_rnn.program, *stacked_rnn.specs("small"), schedule=text, sizes=RNN_SIZES)
+
+
+def test_unparsable_user_schedule_is_a_schedule_error():
+    with pytest.raises(ScheduleError, match="schedule"):
+        ft.analyze(stacked_rnn.program, *stacked_rnn.specs("small"), schedule="{ S_b0[i, j, k] -> [i, j, k + t] }",
+                   sizes=RNN_SIZES)
+
+
+# -- Table 4 through the scheduler ---------------------------------------------------------
+
+
+def lift(f, depth):
+    """f on tensors -> f elementwise on lists of the given depth (one nested map)."""
+    if depth == 0:
+        return f
+    inner = lift(f, depth - 1)
+    return lambda a, b: ft.map(inner, a, b)
+
+
+def table4_nest(d: int, i: int, agg: str):
+    """A nest of depth d: `agg` at depth i (0 = outermost), map at the others. The
+    aggregate's step is one elementwise map over the inner dims and its init `z` an input
+    (a list over the inner dims), so the aggregate and the maps inside it are one perfect
+    nest, as in Table 4."""
+    step = lift(lambda s, x: s * 0.5 + ft.tanh(x), d - i - 1)
+
+    def prog(x, z):
+        def level(k):
+            if k == d:  # agg == "map": maps all the way down
+                return ft.tanh
+            if k == i and agg != "map":
+                return lambda xs: getattr(xs, agg)(step, z)
+            child = level(k + 1)
+            return lambda xs: xs.map(child)
+        return level(0)(x)
+    return prog
+
+
+def path_pi(prog, stmt) -> tuple:
+    """π of every band on the statement's path, in the statement's dims (0 where none)."""
+    out = []
+    for b in prog.schedule.bands:
+        if stmt.name in b.statements:
+            out += list(b.pi) if b.pi is not None else [0] * len(b.dims)
+    return tuple(out)
+
+
+@pytest.mark.parametrize("d, i", [(d, i) for d in (1, 2, 3) for i in range(d)])
+@pytest.mark.parametrize("agg", ["map", "reduce", "foldl", "scanl"])
+def test_table4_unit_distance(d, i, agg):
+    names = "ABC"[:d]
+    inner = names[i + 1:]
+    specs = (ft.spec(f"[{', '.join(names)}]float32[1, 2]"),
+             ft.spec((f"[{', '.join(inner)}]" if inner else "") + "float32[1, 2]"))
+    prog = ft.analyze(table4_nest(d, i, agg), *specs, sizes={n: 4 for n in names})
+    if agg == "map":
+        (band,) = prog.schedule.bands
+        assert band.block.p == ["map"] * d and band.pi is None and band.distances == set()
+        assert all(prog.schedule.parallel) and prog.schedule.sequential_steps == 1
+        return
+    unit = tuple(int(c == i) for c in range(d))
+    (stmt,) = [s for s in prog.etdg.statements if any(x.op == agg for x in s.dims)]
+    assert [x.op for x in stmt.dims] == ["map"] * i + [agg] + ["map"] * (d - i - 1)
+    assert prog.deps.distances[stmt.name] == {unit}          # Table 4: d_i = 1, 0 elsewhere
+    assert path_pi(prog, stmt) == unit                       # π = e_i
+    (band,) = [b for b in prog.schedule.bands if b.pi is not None]
+    assert band.block.p.count(agg) == 1 and set(band.block.p) <= {agg, "map"}
+    assert band.pi == tuple(int(op == agg) for op in band.block.p)
+    assert all(path_pi(prog, s) in (unit, (0,) * len(s.dims)) for s in prog.etdg.statements)
+    if agg == "scanl":
+        assert band.block.p == stmt.block.p == [x.op for x in stmt.dims]  # one perfect nest
+    # the aggregate's 4 steps; a fold's result is copied out after it (one more step)
+    assert prog.schedule.sequential_steps == (4 if agg == "scanl" else 5)
+
+
+@pytest.mark.parametrize("s", [2, 3, 4])
+def test_table4_stride_gives_distance_s(s):
+    """`xs.strided_split(s).map(lambda sub: sub.scanl(...))`: distance 1 on the scan dim of
+    the [s, L/s] nest, and distance s on the flat index t = r + s*j of the list: the flow
+    dependence composed with the access relations of the list (ISL, no coarsening)."""
+    L = 12
+
+    def prog_fn(xs):
+        return xs.strided_split(s).map(lambda sub: sub.scanl(lambda a, x: a * 0.5 + x, ft.zeros((1, 4))))
+
+    prog = ft.analyze(prog_fn, ft.spec("[L]float32[1, 4]"), sizes={"L": L})
+    (band,) = prog.schedule.bands
+    assert band.block.p == ["map", "scanl"] and band.distances == {(0, 1)} and band.pi == (0, 1)
+    (read,) = [m for _, am, m in prog.model.accesses if am.kind == "read" and am.buffer.resolve().name == "xs"]
+    (dep,) = _maps(prog.deps.flow)
+    flat = read.reverse().apply_range(dep).apply_range(read)  # xs[t] -> xs[t'] of source -> sink
+    assert points(flat.deltas()) == {(s,)}
+    assert len(points(flat)) == L - s
+    assert prog.schedule.sequential_steps == L // s
+
+
+def test_table4_stride_through_depthwise_merge():
+    """If coarsening can merge the [map, scanl] dims of the strided nest depth-wise, the merged
+    dim must carry distance s; today depthwise_merge merges only dims with the same operator."""
+    coarsen = pytest.importorskip("schedule.coarsen")
+    if not hasattr(coarsen, "depthwise_merge"):
+        pytest.skip("schedule.coarsen has no depthwise_merge")
+    s, L = 3, 12
+
+    def prog_fn(xs):
+        return xs.strided_split(s).map(lambda sub: sub.scanl(lambda a, x: a * 0.5 + x, ft.zeros((1, 4))))
+
+    etdg = ft.trace(prog_fn, ft.spec("[L]float32[1, 4]"))
+    log = []
+    merged = coarsen.depthwise_merge(etdg, log, ops=("map", "scanl"))
+    if not log:
+        pytest.skip("depthwise_merge does not merge a map dim with a scanl dim (different operators); "
+                    "the distance s is checked on the flat index with ISL instead")
+    model = build(merged, {"L": L})
+    deps = analyze_deps(model)
+    (name,) = model.statements
+    assert deps.distances[name] == {(s,)}
+
+
+# -- hypothesis: random nests ------------------------------------------------------------------
+
+C22 = np.array([[0.6, -0.4], [0.3, 0.8]], dtype=np.float32)
+ELEMENT = {
+    "tanh": lambda x: ft.tanh(x),
+    "x*0.5+1": lambda x: x * 0.5 + 1.0,
+    "x@C": lambda x: x @ C22,
+}
+COMBINE = {
+    "s+x": lambda s, x: s + x,
+    "s*0.5+x": lambda s, x: s * 0.5 + x,
+    "tanh(s@C+x)": lambda s, x: ft.tanh(s @ C22 + x),
+}
+KEEPS_LEVEL = ("map", "scanl", "scanr")
+
+
+@dataclass(frozen=True)
+class Level:
+    op: str
+    transform: tuple
+    init: str  # "first": init = child(first element); "none": no init; "zeros"
+    comb: str
+
+
+def transform(xs, t):
+    kind = t[0]
+    if kind == "id":
+        return xs
+    if kind == "reverse":
+        return xs.reverse()
+    if kind == "shift":
+        return xs.shift(t[1])
+    if kind == "slice":
+        return xs[t[1]::t[2]]
+    if kind == "window":
+        return xs.window(t[1], t[2], t[3])
+    raise AssertionError(kind)
+
+
+def make_program(levels, elem):
+    n = len(levels)
+
+    def level(k):
+        if k == n:
+            return ELEMENT[elem]
+        plan = levels[k]
+        child = level(k + 1)
+        out_depth = sum(1 for lv in levels[k + 1:] if lv.op in KEEPS_LEVEL)
+        comb = lift(COMBINE[plan.comb], out_depth)
+        window = plan.transform[0] == "window"
+        in_depth = n - k - 1
+
+        def prep(e):  # a window's elements are summed into one element
+            return ft.reduce(lift(lambda a, b: a + b, in_depth), e) if window else e
+
+        def body(x):
+            xs = transform(x, plan.transform)
+            if plan.op == "map":
+                return xs.map(lambda e: child(prep(e)))
+            if plan.op in ("foldr", "scanr"):
+                f = lambda e, s: comb(s, child(prep(e)))  # noqa: E731
+            else:
+                f = lambda s, e: comb(s, child(prep(e)))  # noqa: E731
+            init = {"first": lambda: child(prep(xs[0])), "none": lambda: None,
+                    "zeros": lambda: ft.zeros((1, 2))}[plan.init]()
+            return getattr(ft, plan.op)(f, xs, init)
+        return body
+    return level(0)
+
+
+@st.composite
+def transforms(draw, n):
+    kind = draw(st.sampled_from(["id", "reverse", "shift", "slice", "window"] if n > 1 else ["id", "reverse"]))
+    if kind == "shift":
+        return ("shift", draw(st.sampled_from([k for k in (-2, -1, 1, 2) if abs(k) < n])))
+    if kind == "slice":
+        return ("slice", draw(st.integers(0, 1)), draw(st.integers(1, 2)))
+    if kind == "window":
+        pad = draw(st.integers(0, 1))
+        return ("window", draw(st.integers(1, min(3, n + 2 * pad))), draw(st.integers(1, 2)), pad)
+    return (kind,)
+
+
+@st.composite
+def nests(draw):
+    depth = draw(st.integers(1, 3))
+    lengths = [draw(st.integers(1, 4)) for _ in range(depth)]
+    levels = []
+    for k in range(depth):
+        op = draw(st.sampled_from(["map", "scanl", "foldl", "reduce", "scanr", "foldr"]))
+        t = draw(transforms(lengths[k]))
+        bottom = k == depth - 1
+        # without an init the state is the raw first element: only where the child keeps it
+        init = draw(st.sampled_from(["first", "none", "zeros"] if bottom and t[0] != "window" else ["first"]))
+        levels.append(Level(op, t, init, draw(st.sampled_from(sorted(COMBINE)))))
+    return levels, lengths, draw(st.sampled_from(sorted(ELEMENT))), draw(st.integers(0, 2 ** 16))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nests())
+def test_random_nests_auto_is_legal_and_no_slower(case):
+    levels, lengths, elem, seed = case
+    fn = make_program(levels, elem)
+    rng = np.random.default_rng(seed)
+    xs = ft.FractalTensor.from_numpy(rng.standard_normal(tuple(lengths) + (1, 2)).astype(np.float32),
+                                     depth=len(lengths))
+    auto = ft.analyze(fn, xs)  # concrete sizes: make_schedule checks legality with ISL
+    original = auto.original_schedule()
+    assert auto.schedule.sequential_steps is not None
+    assert auto.schedule.sequential_steps <= original.sequential_steps, (
+        f"{levels} {lengths}: auto {auto.schedule.sequential_steps} > original {original.sequential_steps}\n"
+        + auto.schedule.describe())
+    assert_brute_force_legal(auto, (xs,))
+
+
+# -- statement names ---------------------------------------------------------------------------
+
+
+def test_root_statement_name_never_clashes_with_a_block(monkeypatch):
+    """The root block keeps the name it was created with; in a fresh process that is b0,
+    the name the first child block gets too: a reduce's result copy at the root was then
+    a second statement S_b0, and the model kept only one of the two domains."""
+    monkeypatch.setattr(BlockNode, "_ids", itertools.count())
+    def fn(xs):
+        return xs.reduce(lambda s, x: s * 0.5 + ft.tanh(x))
+    etdg = ft.trace(fn, ft.spec("[A]float32[1, 2]"))
+    names = [s.name for s in etdg.statements]
+    assert len(names) == len(set(names)) == 2, names
+    prog = ft.analyze(fn, ft.spec("[A]float32[1, 2]"), sizes={"A": 4})
+    assert prog.schedule.sequential_steps == 3 + 1  # the reduce's 3 steps, the copy of its result
