@@ -15,14 +15,15 @@ def trace(fn, *inputs_or_specs):
     return _trace(fn, *inputs_or_specs)
 
 
-def analyze(fn, *inputs_or_specs, schedule="auto", sizes=None):
-    """Trace `fn`, build its polyhedral model and dependences, and schedule it (no code)."""
+def analyze(fn, *inputs_or_specs, schedule="auto", sizes=None, coarsen=None):
+    """Trace `fn`, coarsen it (with schedule="auto"), build its polyhedral model and
+    dependences, and schedule it (no code generation)."""
     from .program import analyze as _analyze
-    return _analyze(fn, *inputs_or_specs, schedule=schedule, sizes=sizes)
+    return _analyze(fn, *inputs_or_specs, schedule=schedule, sizes=sizes, coarsen=coarsen)
 
 
-def compile(fn, *inputs_or_specs, target="c", schedule="auto", sizes=None):
+def compile(fn, *inputs_or_specs, target="c", schedule="auto", sizes=None, coarsen=None):
     """Trace, analyse, schedule and generate code for `fn` (target "c", "cuda" or
     "cuda-emulated"); call the result on inputs."""
     from .program import compile as _compile
-    return _compile(fn, *inputs_or_specs, target=target, schedule=schedule, sizes=sizes)
+    return _compile(fn, *inputs_or_specs, target=target, schedule=schedule, sizes=sizes, coarsen=coarsen)

@@ -39,6 +39,12 @@ def cmd_inspect(args) -> int:
         with open(args.dot, "w") as f:
             f.write(etdg.to_dot())
         print(f"\nwrote {args.dot}")
+    if args.coarsen:
+        from schedule.coarsen import coarsen
+        coarsened, log = coarsen(etdg)
+        print("\ncoarsening (paper §5.1):")
+        print("\n".join(f"  {line}" for line in log) or "  nothing to merge")
+        print("\nafter coarsening:\n" + str(coarsened))
     if args.deps or args.schedule:
         from .program import analyze
         prog = analyze(mod.program, *specs, sizes=_sizes(args.size))
@@ -92,6 +98,8 @@ def main(argv=None) -> int:
     p.add_argument("--dot", metavar="FILE", help="also write the ETDG as Graphviz DOT")
     p.add_argument("--deps", action="store_true",
                    help="print domains, access relations, dependences and distance vectors")
+    p.add_argument("--coarsen", action="store_true",
+                   help="print what the coarsening passes merge, and the ETDG after them")
     p.add_argument("--schedule", action="store_true",
                    help="print the original and transformed schedules (ISL strings, T, bounds)")
     p.add_argument("--size", metavar="N=2,L=4", help="fix symbolic lengths (concrete ISL strings)")

@@ -9,12 +9,18 @@ from .tracing import trace
 class Program:
     """A traced program with its polyhedral model, dependences and schedule (§4.4–§5)."""
 
-    def __init__(self, fn, args, schedule="auto", sizes=None):
+    def __init__(self, fn, args, schedule="auto", sizes=None, coarsen=None):
         from deps.analyze import analyze
         from deps.model import build
+        from schedule.coarsen import coarsen as coarsen_etdg
         from schedule.schedule import make_schedule
         self.fn = fn
-        self.etdg = trace(fn, *args)
+        self.traced = trace(fn, *args)
+        self.coarsen_log: list = []
+        if coarsen if coarsen is not None else schedule == "auto":
+            self.etdg, self.coarsen_log = coarsen_etdg(self.traced)
+        else:
+            self.etdg = self.traced
         self.model = build(self.etdg, sizes)
         self.deps = analyze(self.model)
         self.schedule = make_schedule(self.model, self.deps, schedule)
@@ -38,11 +44,11 @@ class CompiledProgram(Program):
     the CUDA generator where there is no GPU).
     """
 
-    def __init__(self, fn, args, schedule="auto", sizes=None, target="c"):
+    def __init__(self, fn, args, schedule="auto", sizes=None, target="c", coarsen=None):
         if target not in TARGETS:
             from .errors import PolyftError
             raise PolyftError(f"unknown target {target!r}; available: {', '.join(TARGETS)}", op="compile")
-        super().__init__(fn, args, schedule, sizes)
+        super().__init__(fn, args, schedule, sizes, coarsen)
         self.target = target
         if target == "c":
             from emit import c_target
@@ -105,16 +111,19 @@ class CompiledProgram(Program):
         return params, storage
 
 
-def analyze(fn, *inputs_or_specs, schedule="auto", sizes=None) -> Program:
+def analyze(fn, *inputs_or_specs, schedule="auto", sizes=None, coarsen=None) -> Program:
     """Trace `fn`, build its ISL model and dependences, and schedule it.
 
     `schedule`: "auto" (the paper's reordering), "original" (the nest as written), or an ISL
     schedule (string or isl.UnionMap) to check and use. `sizes` (e.g. {"L": 8}) fixes
     symbolic lengths as an ISL context; with all lengths known, `sequential_steps` is set.
+    `coarsen` (default: with the "auto" schedule) runs the §5.1 coarsening passes first;
+    `prog.traced` is the ETDG as traced, `prog.etdg` the one scheduled, `prog.coarsen_log`
+    what coarsening did.
     """
-    return Program(fn, inputs_or_specs, schedule, sizes)
+    return Program(fn, inputs_or_specs, schedule, sizes, coarsen)
 
 
-def compile(fn, *inputs_or_specs, target="c", schedule="auto", sizes=None) -> CompiledProgram:
-    """Trace, analyse, schedule and generate code for `fn`; call the result on inputs."""
-    return CompiledProgram(fn, inputs_or_specs, schedule, sizes, target)
+def compile(fn, *inputs_or_specs, target="c", schedule="auto", sizes=None, coarsen=None) -> CompiledProgram:
+    """Trace, (coarsen,) analyse, schedule and generate code for `fn`; call the result on inputs."""
+    return CompiledProgram(fn, inputs_or_specs, schedule, sizes, target, coarsen)
