@@ -141,6 +141,14 @@ def build(etdg: ETDG, sizes: dict | None = None) -> PolyModel:
     ctx_conds = [f"{p} >= 0" for p in params] + [f"{p} = {v}" for p, v in sizes.items()] + \
         [a.isl() for a in etdg.assumptions]
     context = isl.Set(f"{prefix}{{ : {' and '.join(ctx_conds) or 'true'} }}")
+    for a in etdg.assumptions:  # sizes that break an assumption would leave an empty model
+        if all(q in sizes for q in a.expr.params) and not a.holds(sizes):
+            got = ", ".join(f"{q} = {sizes[q]}" for q in sorted(a.expr.params))
+            raise LengthMismatchError(f"the program was traced assuming {a} ({a.why}); sizes give {got}",
+                                      op="model")
+    if context.is_empty():
+        raise LengthMismatchError(f"no lengths satisfy the sizes {sizes} and the trace's assumptions "
+                                  f"{[str(a) for a in etdg.assumptions]}", op="model")
     namer = _Namer(params)
     width = max((len(st.position) for st in etdg.statements), default=0)
     space = isl.Space.params_alloc(context.get_ctx(), 0)
