@@ -520,6 +520,15 @@ def _lift(x, op):
                           op=op)
 
 
+def _unzip(x):
+    """A returned zip counts as a tuple of lists, at the top or inside a returned tuple."""
+    if isinstance(x, Zip):
+        return tuple(x.components)
+    if isinstance(x, tuple):
+        return tuple(_unzip(v) for v in x)
+    return x
+
+
 def _leaves(x) -> list:
     if isinstance(x, tuple):
         return [leaf for v in x for leaf in _leaves(v)]
@@ -817,9 +826,7 @@ def trace(fn, *args) -> ETDG:
             b, v = _input(st, name, arg)
             inputs.append((name, b))
             traced_args.append(v)
-        res = _lift(fn(*traced_args), "return")
-        if isinstance(res, Zip):
-            res = tuple(res.components)
+        res = _unzip(_lift(fn(*traced_args), "return"))
         out_names = _return_names(fn)
         outputs = []
         for k, leaf in enumerate(_leaves(res)):
