@@ -166,7 +166,7 @@ def test_checker_is_not_vacuous():
     """Dropping one ISL pair, or adding one, is noticed."""
     mod = WORKLOADS["stacked_rnn"]
     inputs = mod.inputs("small", seed=1)
-    prog = ft.analyze(mod.program, *inputs)
+    prog = ft.analyze(mod.program, *inputs, schedule="original")
     bf = brute_force(prog.etdg, inputs)
     must = isl_pairs(prog.deps.flow)
     assert must == bf.direct and len(must) == 2 * 3 * 4 + 2 * 2 * 5  # along k, and along j
@@ -188,7 +188,7 @@ def test_gather_is_a_may_access():
     w = rng.standard_normal((2, 2)).astype(np.float32)
     bf = check_program(prog, (xs, w), (ft.spec("[L]float32[1, 2]"), ft.spec("float32[2, 2]")))
     assert bf.pairs - bf.direct  # the gathered reads have real sources
-    p = ft.analyze(prog, xs, w)
+    p = ft.analyze(prog, xs, w, schedule="original")  # the ETDG as traced, not coarsened
     may, must = isl_pairs(p.deps.may_flow), isl_pairs(p.deps.flow)
     # S_b0 computes ys; S_b1 is the scan (3 steps: its first output is zs[0]), S_b2 copies
     # zs[0] and the scan's outputs into the result. Conservatively every element of ys may
