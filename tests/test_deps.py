@@ -338,3 +338,25 @@ def test_cli_inspect_bad_sizes(size, message, capsys):
 def test_cli_inspect_unknown_workload(capsys):
     assert cli.main(["inspect", "nope", "--deps"]) == 2
     assert "no workload 'nope'" in capsys.readouterr().err
+
+
+# -- the benchmark script (experiments/deps_time.py) -------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_deps_time_lengths_are_the_inputs_lengths(name):
+    """The benchmark's concrete sizes are the lengths that the preset's inputs bind."""
+    from experiments.deps_time import lengths
+    mod = WORKLOADS[name]
+    etdg = ft.trace(mod.program, *mod.specs("small"))
+    assert lengths(name, "small") == interpret.bind_params(etdg, mod.inputs("small"))
+
+
+def test_deps_time_writes_tidy_csv(tmp_path):
+    from experiments.deps_time import run
+    df = run(preset="small", out_dir=str(tmp_path), repeats=1)
+    on_disk = __import__("pandas").read_csv(tmp_path / "deps_time.csv")
+    assert list(on_disk.columns) == ["workload", "preset", "lengths", "sizes", "phase", "seconds", "repeats",
+                                     "device", "commit", "date"]
+    assert len(df) == len(on_disk) == len(WORKLOADS) * 2 * 4
+    assert set(df.phase) == {"trace", "model", "analyze", "total"} and (df.seconds > 0).all()
