@@ -178,6 +178,31 @@ def test_program_from_specs_and_inputs(name, schedule):
         assert_same(prog(xs, w), fn(xs, w))
 
 
+def scan_program(xs, w):
+    return xs.scanl(lambda s, x: ft.tanh(s @ w) + x * 0.5), xs.reverse().map(lambda x: ft.softmax(x, axis=0))
+
+
+def test_float64_program():
+    xs, w = ft.FractalTensor.from_numpy(rand((4, 2, 3), 60).astype(np.float64), 1), rand((3, 3), 61).astype(np.float64)
+    for args in ((xs, w), (ft.spec("[L]float64[2, 3]"), ft.spec("float64[3, 3]"))):
+        got = ft.compile(scan_program, *args)(xs, w)
+        expected = scan_program(xs, w)
+        assert got[0].dtype == "float64" and rel_error(got, expected) < 1e-12
+
+
+@pytest.mark.parametrize("how", ["inputs", "specs"])
+def test_float16_program(how):
+    """float16 tiles are computed in float (kernels.CTYPES); the compiled program takes and
+    returns float16 lists, equal to eager execution up to float16 rounding."""
+    xs = ft.FractalTensor.from_numpy(rand((4, 2, 3), 62).astype(np.float16), 1)
+    w = rand((3, 3), 63).astype(np.float16)
+    args = (xs, w) if how == "inputs" else (ft.spec("[L]float16[2, 3]"), ft.spec("float16[3, 3]"))
+    got = ft.compile(scan_program, *args)(xs, w)
+    expected = scan_program(xs, w)
+    assert [g.type_string for g in got] == [e.type_string for e in expected]
+    assert rel_error(got, expected) < 1e-2
+
+
 def test_specs_accept_different_lengths_on_each_call():
     """Lengths 0 and 1 included: an empty list folds to its init."""
     def program(xs, w):
