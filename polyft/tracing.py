@@ -163,7 +163,11 @@ def apply_op(name: str, args, attrs) -> Value:
             out = fn(*[v.const for v in vals], **attrs) if name != "concat" else fn([v.const for v in vals], **attrs)
         return Value(np.shape(out), np.asarray(out).dtype, const=np.asarray(out))
     with np.errstate(all="ignore"):
-        dummies = [_dummy(v.shape, v.dtype) if v.const is None else v.const for v in vals]
+        # a Python number stays one, so that numpy's promotion is eager execution's (float16 * 0.5
+        # is float16, not float32)
+        dummies = [_dummy(v.shape, v.dtype) if v.const is None else
+                   a if isinstance(a, (int, float)) and not isinstance(a, bool) else v.const
+                   for v, a in zip(vals, args)]
         try:
             out = fn(*dummies, **attrs) if name != "concat" else fn(dummies, **attrs)
         except errors.PolyftError:
