@@ -67,7 +67,8 @@ class CompiledProgram(Program):
         values, storage = self._bind(inputs)
         arrays = [storage[b] for b in self.layout.buffers]
         self._run(arrays, values)
-        return assemble_outputs(self.etdg, storage)
+        return assemble_outputs(self.etdg, {b: a.astype(b.dtype) if a.dtype != b.dtype else a
+                                            for b, a in storage.items()})
 
     def bind(self, *inputs):
         """For timing: a zero-argument callable that runs the program on these inputs with
@@ -100,15 +101,21 @@ class CompiledProgram(Program):
             arr = arg.to_numpy() if isinstance(arg, FractalTensor) else np.asarray(arg)
             if arr.dtype != np.dtype(buf.dtype):
                 raise InputError(f"input {name} should be {buf.dtype}, got {arr.dtype}", op="call")
-            storage[buf] = np.ascontiguousarray(arr)
+            storage[buf] = np.ascontiguousarray(arr, dtype=_native(buf.dtype))
         for b in self.layout.buffers:
             if b not in storage:
                 if b.kind in ("const", "index"):
-                    storage[b] = np.ascontiguousarray(b.value, dtype=b.dtype)
+                    storage[b] = np.ascontiguousarray(b.value, dtype=_native(b.dtype))
                 else:
                     shape = tuple(n.evaluate(params) for n in b.dims) + b.element_shape
-                    storage[b] = np.empty(shape, dtype=b.dtype)
+                    storage[b] = np.empty(shape, dtype=_native(b.dtype))
         return params, storage
+
+
+def _native(dtype: str) -> str:
+    """The dtype of a buffer as the generated code reads and writes it: float16 tiles are
+    computed and stored as float (kernels.CTYPES), so their buffers are float32 there."""
+    return "float32" if dtype == "float16" else dtype
 
 
 def analyze(fn, *inputs_or_specs, schedule="auto", sizes=None, coarsen=None) -> Program:
