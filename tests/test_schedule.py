@@ -59,13 +59,6 @@ def points(obj) -> set:
     return out
 
 
-def concrete(obj, model, sizes):
-    """`obj` with the model's parameters fixed to `sizes`."""
-    ctx = isl.Set(f"[{', '.join(model.params)}] -> {{ : "
-                  f"{' and '.join(f'{p} = {sizes[p]}' for p in model.params)} }}")
-    return obj.intersect_params(ctx)
-
-
 def times(model, schedule) -> dict:
     """(statement, instance) -> time vector, for every instance (concrete sizes)."""
     out = {}

@@ -1,0 +1,240 @@
+"""Our §5.2 scheduler against isl's own scheduler, on every workload.
+
+For each workload, at concrete sizes (so that step counts are numbers), three schedules:
+
+* ``polyft-auto``: ``ft.analyze(schedule="auto")``: the ETDG coarsened (§5.1), then the
+  paper's reordering (per block node: Lamport hyperplane + unimodular T);
+* ``polyft-original``: ``ft.analyze(schedule="original")``: the traced nest as written (2d+1
+  schedule, no coarsening);
+* ``isl``: ``isl.ScheduleConstraints.on_domain(domains).set_validity(deps).set_proximity(deps)
+  .set_coincidence(deps).compute_schedule()`` with isl's default options, on the same model
+  as polyft-auto (the coarsened ETDG): ``deps`` is its may-flow ∪ anti ∪ output and
+  ``domains`` the union of its statements' domains.
+
+Reported per schedule (the same code measures all three, on the flat schedule map):
+
+* ``parallel_dims``: time dims that are loops (take more than one value for some statement)
+  and carry no dependence (``schedule._parallel_dims``: nothing carried at that level);
+* ``sequential_steps``: ``schedule.sequential_steps`` with the dependences — distinct values
+  of the sequential dims, a dim being parallel or sequential per subtree of the schedule
+  (the critical path in steps when every parallel dim runs at once);
+* ``seconds``: median of 5 runs of computing the schedule map alone (ours: bands, π, T and
+  the maps; isl: ``compute_schedule`` + ``get_map``), not the legality check or the counting;
+  polyft-auto's coarsening, which runs before it, is timed separately in ``note``.
+
+Every schedule is also checked legal against the exact dependences (``check_legal``).
+``run(preset="quick")`` does the small presets; ``run(preset="paper")`` the paper presets
+(concrete sizes from the preset; derived tile counts such as b2b_gemm's MT = M / tm are
+named in ``note``) and the small ones. Writes ``results/schedule_vs_isl.csv``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import islpy as isl
+import pandas as pd
+
+import polyft as ft
+from deps.model import _maps
+from polyft.workloads import WORKLOADS
+from schedule.coarsen import coarsen
+from schedule.schedule import (_parallel_dims, _statement_maps, bands, check_legal, reorder_band,
+                               sequential_steps)
+
+from .common import meta
+
+SYSTEMS = ("polyft-auto", "polyft-original", "isl")
+REPEATS = 5
+SLOW_SECONDS = 60.0  # one isl run slower than this: no more repeats (noted)
+
+# ISL parameters that are not preset sizes: tile counts, from the preset
+DERIVED = {
+    "MT": ("M / tm", lambda s: s["M"] // s["tm"]),
+    "NT": ("N / tn", lambda s: s["N"] // s["tn"]),
+    "TQ": ("Lq / tq", lambda s: s["Lq"] // s["tq"]),
+    "TK": ("Lk / tk", lambda s: s["Lk"] // s["tk"]),
+    "NB": ("nb", lambda s: s["nb"]),
+}
+
+
+def concrete_sizes(mod, preset: str, params) -> tuple[dict, str]:
+    """Values of the program's ISL parameters for the preset, and a note naming them."""
+    pre = mod.PRESETS[preset]
+    sizes, derived = {}, []
+    for p in params:
+        if p in pre:
+            sizes[p] = pre[p]
+        else:
+            how, fn = DERIVED[p]
+            sizes[p] = fn(pre)
+            derived.append(f"{p} = {how}")
+    note = "sizes " + " ".join(f"{p}={v}" for p, v in sizes.items())
+    if derived:
+        note += " (" + ", ".join(derived) + ")"
+    return sizes, note
+
+
+def _median_time(fn, repeats=REPEATS):
+    times, out = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+        if times[-1] > SLOW_SECONDS:
+            break
+    return out, statistics.median(times), len(times)
+
+
+def polyft_maps(model, deps, kind: str) -> dict:
+    """The schedule map per statement, as make_schedule builds it (without its checks)."""
+    band_T = {}
+    if kind == "auto":
+        for b in bands(model):
+            reorder_band(b, model, deps)
+            band_T[b.block.name] = b.T
+    return _statement_maps(model, band_T)
+
+
+def all_deps(deps) -> isl.UnionMap:
+    return deps.may_flow.union(deps.anti).union(deps.output)
+
+
+def isl_maps(model, deps):
+    """isl's schedule: (per-statement maps, number of coincident band members)."""
+    domains = None
+    for d in model.domains.values():
+        u = isl.UnionSet.from_set(d)
+        domains = u if domains is None else domains.union(u)
+    dep = all_deps(deps)
+    sc = isl.ScheduleConstraints.on_domain(domains).set_validity(dep).set_proximity(dep).set_coincidence(dep)
+    sched = sc.compute_schedule()
+    per = {}
+    for m in _maps(sched.get_map().intersect_params(model.context)):
+        per[m.get_tuple_name(isl.dim_type.in_)] = m
+    return per, _coincident_members(sched)
+
+
+def _coincident_members(sched) -> int:
+    count = 0
+
+    def visit(node):
+        nonlocal count
+        if node.get_type() == isl.schedule_node_type.band:
+            count += sum(1 for k in range(node.band_n_member()) if node.band_member_get_coincident(k))
+        return True
+    sched.get_root().foreach_descendant_top_down(visit)
+    return count
+
+
+def _pad(per: dict) -> dict:
+    """All maps to the same number of time dims (zeros appended): isl's may differ."""
+    width = max(m.dim(isl.dim_type.out) for m in per.values())
+    out = {}
+    for n, m in per.items():
+        k = m.dim(isl.dim_type.out)
+        if k < width:
+            m = m.add_dims(isl.dim_type.out, width - k)
+            for c in range(k, width):
+                m = m.fix_val(isl.dim_type.out, c, isl.Val.zero(m.get_ctx()))
+        out[n] = m
+    return out
+
+
+def measure(model, deps, per: dict) -> tuple[int, int]:
+    """(parallel loop dims, sequential steps) of a schedule given per statement."""
+    check_legal(per, deps)
+    parallel = _parallel_dims(per, deps)
+    loops = set()  # time dims that take more than one value for some statement
+    for n, m in per.items():
+        img = model.domains[n].apply(m)
+        width = img.dim(isl.dim_type.set)
+        for k in range(width):
+            if k not in loops and not _is_singleton(
+                    img.project_out(isl.dim_type.set, k + 1, width - k - 1).project_out(isl.dim_type.set, 0, k)):
+                loops.add(k)
+    par = sum(1 for k in loops if parallel[k])
+    return par, sequential_steps(model, per, parallel, deps)
+
+
+def _is_singleton(s: isl.Set) -> bool:
+    """At most one point (parameters fixed by the context)."""
+    n_par = s.dim(isl.dim_type.param)
+    s = s.project_out(isl.dim_type.param, 0, n_par) if n_par else s
+    lo, hi = s.lexmin(), s.lexmax()
+    return s.is_empty() or lo.is_equal(hi)
+
+
+def compare(name: str, preset: str) -> list[dict]:
+    """Rows (one per system) for one workload at one preset."""
+    mod = WORKLOADS[name]
+    specs = mod.specs(preset)
+    etdg = ft.trace(mod.program, *specs)
+    sizes, note = concrete_sizes(mod, preset, etdg.params)
+    prog = ft.analyze(mod.program, *specs, sizes=sizes)  # coarsened, then reordered
+    orig = ft.analyze(mod.program, *specs, sizes=sizes, schedule="original")  # as traced
+    rows = []
+    for system in SYSTEMS:
+        model, deps = (orig.model, orig.deps) if system == "polyft-original" else (prog.model, prog.deps)
+        extra = f"; {len(model.domains)} statements"
+        if system == "isl":
+            (per, coincident), secs, n = _median_time(lambda: isl_maps(model, deps))
+            per = _pad(per)
+            extra += f"; isl band members marked coincident: {coincident}"
+            if n < REPEATS:
+                extra += f"; isl took {secs:.0f} s: {n} run(s) only"
+        else:
+            kind = system.split("-")[1]
+            per, secs, _ = _median_time(lambda: polyft_maps(model, deps, kind))
+            if kind == "auto":
+                _, c_secs, _ = _median_time(lambda: coarsen(prog.traced))
+                extra += f"; coarsening (not in seconds) {1e3 * c_secs:.1f} ms"
+        par, steps = measure(model, deps, per)
+        rows.append(dict(workload=name, preset=preset, system=system, parallel_dims=par,
+                         sequential_steps=steps, seconds=secs, note=note + extra))
+    # the library's own numbers agree with ours
+    assert prog.schedule.sequential_steps == rows[0]["sequential_steps"], (name, prog.schedule, rows[0])
+    assert orig.schedule.sequential_steps == rows[1]["sequential_steps"], (name, orig.schedule, rows[1])
+    return rows
+
+
+def markdown(df: pd.DataFrame) -> str:
+    lines = ["| workload | preset | parallel dims (auto / original / isl) | sequential steps (auto / original / isl) "
+             "| ms to schedule (auto / isl) |", "|---|---|---|---|---|"]
+    for (w, p), g in df.groupby(["workload", "preset"], sort=False):
+        r = {s: g[g.system == s].iloc[0] for s in SYSTEMS}
+        lines.append(f"| {w} | {p} | {r['polyft-auto'].parallel_dims} / {r['polyft-original'].parallel_dims} / "
+                     f"{r['isl'].parallel_dims} | {r['polyft-auto'].sequential_steps} / "
+                     f"{r['polyft-original'].sequential_steps} / {r['isl'].sequential_steps} | "
+                     f"{1e3 * r['polyft-auto'].seconds:.1f} / {1e3 * r['isl'].seconds:.1f} |")
+    return "\n".join(lines)
+
+
+def run(preset: str = "quick", out_dir: str = "results") -> pd.DataFrame:
+    presets = {"quick": ["small"], "paper": ["paper", "small"]}[preset]
+    rows = []
+    for p in presets:
+        for name in WORKLOADS:
+            rows += compare(name, p)
+            print(f"[schedule_vs_isl] {name} {p}: " + ", ".join(
+                f"{r['system']} {r['parallel_dims']} par / {r['sequential_steps']} steps" for r in rows[-3:]),
+                flush=True)
+    df = pd.DataFrame(rows)
+    for k, v in meta().items():
+        df[k] = v
+    df = df[["workload", "preset", "system", "parallel_dims", "sequential_steps", "seconds", "device", "commit",
+             "date", "note"]]
+    os.makedirs(out_dir, exist_ok=True)
+    df.to_csv(os.path.join(out_dir, "schedule_vs_isl.csv"), index=False)
+    print(markdown(df))
+    return df
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="paper", choices=["quick", "paper"])
+    ap.add_argument("--out-dir", default="results")
+    args = ap.parse_args()
+    run(args.preset, args.out_dir)
