@@ -90,9 +90,26 @@ class Length:
         """max(self, 0): lengths never go negative."""
         if self.is_concrete:
             return Length(const=max(self.const, 0))
-        if not self.floors and self.const >= 0 and all(v > 0 for v in self.terms.values()):
+        if self.is_nonnegative:
             return self  # a sum of lengths (parameters are >= 0) is never negative: `L`, not `max(L, 0)`
         return Length(floors=((1, "max", self, 0),))
+
+    @property
+    def is_nonnegative(self) -> bool:
+        """Certainly >= 0 for every value of the parameters (which are >= 0): a non-negative
+        combination of parameters, `max(_, c >= 0)` and floors of such lengths, plus a constant
+        >= 0. So clamping `max(L - 1, 0)` again (reversing `xs.shift(1)`) keeps it as is."""
+        if self.const < 0 or any(v <= 0 for v in self.terms.values()):
+            return False
+        for f in self.floors:
+            if f[0] <= 0:
+                return False
+            if f[1] == "max":
+                if f[3] < 0 and not f[2].is_nonnegative:
+                    return False
+            elif not f[1].is_nonnegative:
+                return False
+        return True
 
     # -- inspection ------------------------------------------------------------------
     @property
