@@ -360,3 +360,16 @@ def test_deps_time_writes_tidy_csv(tmp_path):
                                      "device", "commit", "date"]
     assert len(df) == len(on_disk) == len(WORKLOADS) * 2 * 4
     assert set(df.phase) == {"trace", "model", "analyze", "total"} and (df.seconds > 0).all()
+
+
+def test_reversed_shifted_symbolic_list_zips_with_itself():
+    """Regression: xs.shift(1).reverse() had length max(max(L - 1, 0), 0), not that of
+    xs.shift(1), so zipping them failed on symbolic specs only (found by test_bruteforce)."""
+    def program(xs):
+        ys = xs.shift(1)
+        return ft.zip(ys, ys.reverse()).map(lambda t: t[0] - 2.0 * t[1])
+
+    prog = analyze_traced(program, ft.spec("[L]float32[1, 2]"), sizes={"L": 4})
+    assert str(prog.etdg.outputs[0].dims[0]) == "max(L - 1, 0)"
+    x = ft.FractalTensor.from_numpy(fresh((4, 1, 2), 5), depth=1)
+    assert rel_error(interpret.run(prog.etdg, x), program(x)) < 1e-5
