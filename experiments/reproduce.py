@@ -9,6 +9,8 @@ import time
 # artefact name -> module (each has run(preset, out_dir))
 ARTEFACTS = {
     "table5": "experiments.table5",
+    "deps_time": "experiments.deps_time",
+    "schedule_vs_isl": "experiments.schedule_vs_isl",
     "cpu_rnn": "experiments.cpu_rnn",
 }
 
