@@ -96,20 +96,27 @@ class Length:
 
     @property
     def is_nonnegative(self) -> bool:
-        """Certainly >= 0 for every value of the parameters (which are >= 0): a non-negative
-        combination of parameters, `max(_, c >= 0)` and floors of such lengths, plus a constant
-        >= 0. So clamping `max(L - 1, 0)` again (reversing `xs.shift(1)`) keeps it as is."""
-        if self.const < 0 or any(v <= 0 for v in self.terms.values()):
-            return False
+        """Certainly >= 0 for every value of the parameters (which are >= 0), judged by a lower
+        bound: so clamping `max(L - 1, 0)` (reversing `xs.shift(1)`) or `floor((L - 1)/2) + 1`
+        (the length of a strided window) keeps it as is."""
+        return self.lower_bound() >= 0
+
+    def lower_bound(self) -> float:
+        """A lower bound over all parameter values >= 0 (-inf when a term can decrease)."""
+        lb = float(self.const)
+        if any(v < 0 for v in self.terms.values()):
+            return float("-inf")
         for f in self.floors:
-            if f[0] <= 0:
-                return False
+            if f[0] < 0:
+                return float("-inf")
             if f[1] == "max":
-                if f[3] < 0 and not f[2].is_nonnegative:
-                    return False
-            elif not f[1].is_nonnegative:
-                return False
-        return True
+                lb += f[0] * max(f[2].lower_bound(), f[3])
+            else:
+                inner = f[1].lower_bound()
+                if inner == float("-inf"):
+                    return inner
+                lb += f[0] * (int(inner) // f[2])
+        return lb
 
     # -- inspection ------------------------------------------------------------------
     @property
