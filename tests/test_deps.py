@@ -373,3 +373,15 @@ def test_reversed_shifted_symbolic_list_zips_with_itself():
     assert str(prog.etdg.outputs[0].dims[0]) == "max(L - 1, 0)"
     x = ft.FractalTensor.from_numpy(fresh((4, 1, 2), 5), depth=1)
     assert rel_error(interpret.run(prog.etdg, x), program(x)) < 1e-5
+
+
+def test_reversed_strided_window_symbolic_list_zips_with_it():
+    """Regression: a window of stride 2 has length floor((L - 1)/2) + 1 (>= 0 for L >= 0), but
+    its reverse had max(floor((L - 1)/2) + 1, 0): they did not zip (found by test_bruteforce)."""
+    def program(xs):
+        ws = xs.window(1, 2).map(lambda w: ft.reduce(lambda s, x: s + x, w))
+        return ft.zip(ws, ws.reverse()).map(lambda t: t[0] * t[1])
+
+    prog = analyze_traced(program, ft.spec("[L]float32[1, 2]"), sizes={"L": 5})
+    x = ft.FractalTensor.from_numpy(fresh((5, 1, 2), 6), depth=1)
+    assert rel_error(interpret.run(prog.etdg, x), program(x)) < 1e-5
