@@ -374,10 +374,14 @@ class FTTracer(ListBase):
                     _state().assume(n + v if v < 0 else top - v, what)
             if step > 0:
                 start, stop = norm(s.start, Length.of(0)), norm(s.stop, n)
-                length = ((stop - start + (step - 1)) // step).clamp0()
+                length = (stop - start + (step - 1)) // step
             else:
                 start, stop = norm(s.start, n - 1), norm(s.stop, Length.of(-1))
-                length = ((start - stop + (-step - 1)) // -step).clamp0()
+                length = (start - stop + (-step - 1)) // -step
+            if s.start is not None or s.stop is not None:
+                length = length.clamp0()
+            # else xs[::step] (reverse() included): ceil(n / |step|) >= 0 as n is (a length the
+            # trace assumes is) >= 0, so `xs.window(3).reverse()` keeps `L - 2`, not max(L - 2, 0)
         q = self._new_place()
         return self._reindex({self.places[0]: Aff.of(start) + Aff.of(q) * step},
                              [length] + self.lengths[1:], [q] + self.places[1:])
@@ -645,14 +649,14 @@ def traced_compute(op: str, f, lists, init):
     srcs, n = _sources(lists, op)
     aggregate = op != "map"
     no_init = aggregate and init is None
-    if no_init and n.is_concrete and n.const == 0:
-        if op in ("scanl", "scanr"):
-            raise EmptyReduceError(f"{op} without init over an empty traced list: its element type is "
-                                   "unknown; give init", op=op)
+    scan = op in ("scanl", "scanr")
+    if no_init and not scan and n.is_concrete and n.const == 0:
         raise EmptyReduceError(f"{op} of an empty list without init", op=op)
-    if no_init and not n.is_concrete:
+    if no_init and not scan and not n.is_concrete:
         st.assume(n - 1, f"{op} without init")
-    extent = (n - 1) if no_init else n
+    # without init the first (last) element is the initial state: one iteration fewer, none
+    # for an empty list (Table 1: a scan of [] is [])
+    extent = (n - 1).clamp0() if no_init else n
     outer = st.block
     ctx_out = outer.context()
     name = _DIM_LETTERS[len(ctx_out)] if len(ctx_out) < len(_DIM_LETTERS) else f"i{len(ctx_out)}"
@@ -698,7 +702,7 @@ def traced_compute(op: str, f, lists, init):
     if op in ("scanl", "scanr"):
         if no_init:
             first_el = _leaves(init)
-            views = [_prepend(v, e, right) for v, e in zip(views, first_el)]
+            views = [_prepend(v, e, right, n) for v, e in zip(views, first_el)]
         return _rebuild(res, iter(views))
     # folds: the state after the last iteration (or init when there is none)
     last = Aff.of(0) if right else Aff.of(extent - 1)
@@ -755,10 +759,9 @@ def _state_view(leaf, buf: Buffer, ctx_out, prev: Aff, first: Constraint, later:
     return FTTracer(leaf.lengths, places, pieces, leaf.element_shape, leaf.dtype)
 
 
-def _prepend(view: FTTracer, first, right: bool) -> FTTracer:
+def _prepend(view: FTTracer, first, right: bool, n: Length) -> FTTracer:
     """scan without init: the untouched first (last, for scanr) element joins the outputs."""
     q = view.places[0]
-    n = view.lengths[0] + 1
     if right:
         at_first, rest = eq(q, n - 1), ge(Aff.of(n - 2), q)
         pos_rest = Aff.of(q)

@@ -215,11 +215,6 @@ def test_specs_accept_different_lengths_on_each_call():
         assert_same(prog(xs, w), program(xs, w))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG tracing.traced_compute: a scan without init traced on a symbolic "
-                   "length records the assumption L >= 1 (meant for reduce/foldl/foldr, which refuse an "
-                   "empty list), so the compiled program raises InputError for L = 0 where eager "
-                   "execution returns an empty list; the carry buffer's extent L - 1 is also not clamped "
-                   "at 0 (program.py/interpret.py would allocate a negative dimension)")
 @pytest.mark.parametrize("op", ["scanl", "scanr"])
 def test_scan_without_init_of_an_empty_list(op):
     def program(xs):

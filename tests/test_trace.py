@@ -794,7 +794,7 @@ def test_python_number_as_init_is_rejected_with_a_hint_as_eagerly():
     check_error(info, "scanl", "number-init-here", "float", "ft.zeros")
 
 
-@pytest.mark.parametrize("op", ["reduce", "foldl", "foldr", "scanl", "scanr"])
+@pytest.mark.parametrize("op", ["reduce", "foldl", "foldr"])
 def test_aggregate_without_init_over_an_empty_concrete_list(op):
     with pytest.raises(errors.EmptyReduceError) as info:
         ft.trace(lambda xs: getattr(xs[3:3], op)(left), flist([5], ELEM, 5))  # empty-here
@@ -872,3 +872,16 @@ def test_ragged_input_to_trace():
     with pytest.raises(errors.RaggedError) as info:
         ft.trace(lambda xss: xss.map(lambda xs: xs.map(lambda x: x)), ragged)  # ragged-here
     check_error(info, "trace", "ragged-here", "[2, *]float32[2]")
+
+
+@pytest.mark.parametrize("op", ["scanl", "scanr"])
+def test_scan_without_init_of_an_empty_list_is_empty(op):
+    """Table 1: a scan without init of [] is [] (only reduce and the folds refuse it)."""
+    def program(xs):
+        return getattr(ft, op)(lambda a, b: a - b * 0.5, xs)
+    empty = flist([5], ELEM, 7)[3:3]
+    assert len(program(empty)) == 0
+    for args in ((empty,), (SX,)):
+        etdg = ft.trace(program, *args)
+        got = run(etdg, empty)
+        assert len(got) == 0 and got.element_shape == tuple(ELEM)
