@@ -385,3 +385,16 @@ def test_reversed_strided_window_symbolic_list_zips_with_it():
     prog = analyze_traced(program, ft.spec("[L]float32[1, 2]"), sizes={"L": 5})
     x = ft.FractalTensor.from_numpy(fresh((5, 1, 2), 6), depth=1)
     assert rel_error(interpret.run(prog.etdg, x), program(x)) < 1e-5
+
+
+def test_reversed_window_symbolic_list_zips_with_it():
+    """Regression: window(3) of [L] has length L - 2 (the trace assumes L >= 3); its reverse
+    had max(L - 2, 0) and did not zip with it (found by test_bruteforce)."""
+    def program(xs):
+        ws = xs.window(3).map(lambda w: ft.reduce(lambda s, x: s + x, w))
+        return ft.zip(ws, ws.reverse()).map(lambda t: t[0] * t[1])
+
+    prog = analyze_traced(program, ft.spec("[L]float32[1, 2]"), sizes={"L": 5})
+    assert str(prog.etdg.outputs[0].dims[0]) == "L - 2"
+    x = ft.FractalTensor.from_numpy(fresh((5, 1, 2), 8), depth=1)
+    assert rel_error(interpret.run(prog.etdg, x), program(x)) < 1e-5
