@@ -51,15 +51,15 @@ def _const_decl(name, value) -> cgen.Generable:
     return cgen.Line(f"static const {ctype(value.dtype.name)} {name}[{flat.size}] = {{{items}}};")
 
 
-def generate(model, schedule) -> tuple:
-    """(C source, Layout) for `model` under `schedule`."""
-    etdg = model.etdg
-    layout = Layout(etdg)
-    params = list(model.params)
-    namer = _Namer(params)
-    consts: dict = {}
-    param_c = lambda p: f"c->{p}"  # noqa: E731
+def param_c(p: str) -> str:
+    """A parameter inside a statement function: read from the context."""
+    return f"c->{p}"
 
+
+def context(layout: Layout, params) -> tuple:
+    """The context struct `ctx_t` (parameters, then per buffer its pointer and strides) and
+    `buffer_ref(buf, idx)`, the C address of a buffer element through it. The C and CUDA
+    targets share both; the runtimes fill the struct in this order."""
     def buffer_ref(buf, idx):
         k = layout.slot(buf)
         terms = [f"({e})*c->s{k}_{r}" for r, e in enumerate(idx)]
@@ -69,7 +69,17 @@ def generate(model, schedule) -> tuple:
     for k, b in enumerate(layout.buffers):
         fields.append(cgen.Pointer(cgen.Value(ctype(b.dtype), f"b{k}")))
         fields += [cgen.Value("long", f"s{k}_{r}") for r in range(b.depth)]
-    ctx = cgen.Typedef(cgen.Struct("polyft_ctx", fields, declname="ctx_t"))
+    return cgen.Typedef(cgen.Struct("polyft_ctx", fields, declname="ctx_t")), buffer_ref
+
+
+def generate(model, schedule) -> tuple:
+    """(C source, Layout) for `model` under `schedule`."""
+    etdg = model.etdg
+    layout = Layout(etdg)
+    params = list(model.params)
+    namer = _Namer(params)
+    consts: dict = {}
+    ctx, buffer_ref = context(layout, params)
 
     functions = []
     for st in etdg.statements:

@@ -21,7 +21,7 @@ from deps.model import _Namer
 from polyft.errors import CompileError
 
 from .ast import _children, build_ast, to_cgen
-from .c_target import Layout, _const_decl, _const_name
+from .c_target import Layout, _const_decl, _const_name, context, param_c
 from .kernels import StatementBody, ctype
 
 THREADS = 256
@@ -269,18 +269,7 @@ def generate(model, schedule, threads: int = THREADS) -> tuple:
     params = list(model.params)
     namer = _Namer(params)
     consts: dict = {}
-    param_c = lambda p: f"c->{p}"  # noqa: E731
-
-    def buffer_ref(buf, idx):
-        k = layout.slot(buf)
-        terms = [f"({e})*c->s{k}_{r}" for r, e in enumerate(idx)]
-        return f"(c->b{k} + {' + '.join(terms) or '0'})"
-
-    fields = [cgen.Value("long", p) for p in params]
-    for k, b in enumerate(layout.buffers):
-        fields.append(cgen.Pointer(cgen.Value(ctype(b.dtype), f"b{k}")))
-        fields += [cgen.Value("long", f"s{k}_{r}") for r in range(b.depth)]
-    ctx = cgen.Typedef(cgen.Struct("polyft_ctx", fields, declname="ctx_t"))
+    ctx, buffer_ref = context(layout, params)
 
     functions = []
     for st in etdg.statements:

@@ -11,7 +11,7 @@ import cgen
 import numpy as np
 
 from polyft.errors import CompileError
-from polyft.etdg import Aff, Constraint, Gather, OpNode
+from polyft.etdg import Constraint, Gather, OpNode
 from polyft.types import Length
 
 CTYPES = {"float32": "float", "float64": "double", "float16": "float", "int64": "long long",

@@ -409,6 +409,56 @@ class BlockNode:
         return chain
 
 
+def set_body(block: BlockNode, body) -> None:
+    """Replace a block's sub-graph, making it the parent of the child blocks."""
+    block.body = list(body)
+    for n in block.body:
+        if isinstance(n, BlockNode):
+            n.parent = block
+
+
+def drop_dead_ops(root: BlockNode) -> None:
+    """Drop operation nodes whose values no store needs, then block nodes left empty."""
+    live = set()
+
+    def mark(node):
+        if id(node) not in live:
+            live.add(id(node))
+            for a in node.inputs:
+                if isinstance(a, OpNode):
+                    mark(a)
+
+    def visit(block):
+        for n in block.body:
+            if isinstance(n, BlockNode):
+                visit(n)
+            elif n.op == "store":
+                mark(n)
+    visit(root)
+
+    def sweep(block):
+        block.body = [n for n in block.body if isinstance(n, BlockNode) or id(n) in live]
+        for n in block.body:
+            if isinstance(n, BlockNode):
+                sweep(n)
+        block.body = [n for n in block.body if not (isinstance(n, BlockNode) and not n.body)]
+    sweep(root)
+
+
+def merge_perfect_nests(block: BlockNode, on_merge=None) -> None:
+    """A block whose body is exactly one block node is one perfect nest: merge their dims
+    (`on_merge(block, absorbed_child)` is told about each merge)."""
+    for n in block.body:
+        if isinstance(n, BlockNode):
+            while len(n.body) == 1 and isinstance(n.body[0], BlockNode):
+                child = n.body[0]
+                n.dims = n.dims + child.dims
+                set_body(n, child.body)
+                if on_merge is not None:
+                    on_merge(n, child)
+            merge_perfect_nests(n, on_merge)
+
+
 @dataclass
 class Statement:
     """A run of operation nodes executed once per point of its block's iteration domain."""

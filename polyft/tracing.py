@@ -20,7 +20,8 @@ import numpy as np
 from . import errors
 from .errors import (AccessError, DepthError, EmptyReduceError, IndexRangeError, LengthMismatchError,
                      RaggedError, ReturnTypeError, StateTypeError, TracerControlFlowError, WindowError)
-from .etdg import ETDG, Aff, Assumption, BlockNode, Buffer, Constraint, Gather, IterDim, OpNode, Piece, eq, ge
+from .etdg import (ETDG, Aff, Assumption, BlockNode, Buffer, Constraint, Gather, IterDim, OpNode, Piece,
+                   drop_dead_ops, eq, ge, merge_perfect_nests)
 from .fractaltensor import FractalTensor, ListBase, Zip
 from .types import Length, Spec
 
@@ -846,8 +847,8 @@ def trace(fn, *args) -> ETDG:
                                                                            else f"out{k}")
             b.name = nm if nm not in names else f"{nm}_out"
             outputs.append(b)
-        _dead_code(st.root)
-        _merge_perfect_nests(st.root)
+        drop_dead_ops(st.root)
+        merge_perfect_nests(st.root)
         _name_blocks(st.root)
         used = {id(b.resolve()) for b in _referenced(st.root)} | {id(b) for _, b in inputs if b} | \
             {id(b) for b in outputs}
@@ -873,49 +874,6 @@ def _referenced(block) -> list:
         elif n.op == "store":
             out.append(n.buffer)
     return out
-
-
-def _dead_code(root):
-    """Drop operation nodes whose values no store needs, then blocks left empty."""
-    live = set()
-
-    def mark(node):
-        if id(node) in live:
-            return
-        live.add(id(node))
-        for a in node.inputs:
-            if isinstance(a, OpNode):
-                mark(a)
-
-    def visit(block):
-        for n in block.body:
-            if isinstance(n, BlockNode):
-                visit(n)
-            elif n.op == "store":
-                mark(n)
-    visit(root)
-
-    def sweep(block):
-        block.body = [n for n in block.body if (isinstance(n, BlockNode) or id(n) in live)]
-        for n in block.body:
-            if isinstance(n, BlockNode):
-                sweep(n)
-        block.body = [n for n in block.body if not (isinstance(n, BlockNode) and not n.body)]
-    sweep(root)
-
-
-def _merge_perfect_nests(block):
-    """A block whose body is exactly one block node is one perfect nest: merge their dims."""
-    for n in block.body:
-        if isinstance(n, BlockNode):
-            while len(n.body) == 1 and isinstance(n.body[0], BlockNode):
-                child = n.body[0]
-                n.dims += child.dims
-                n.body = child.body
-                for g in n.body:
-                    if isinstance(g, BlockNode):
-                        g.parent = n
-            _merge_perfect_nests(n)
 
 
 def _name_blocks(root):

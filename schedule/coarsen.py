@@ -35,7 +35,8 @@ import itertools
 import re
 
 from polyft.errors import PolyftError, ScheduleError
-from polyft.etdg import ETDG, Aff, BlockNode, Constraint, Gather, IterDim, OpNode, Piece, Statement
+from polyft.etdg import (ETDG, Aff, BlockNode, Constraint, Gather, IterDim, OpNode, Piece, Statement,
+                         drop_dead_ops, merge_perfect_nests, set_body)
 
 # ---------------------------------------------------------------------------------------
 # Table 3
@@ -146,7 +147,7 @@ class _Work:
     def new_block(self, dims, parent, body) -> BlockNode:
         b = BlockNode(dims, parent=parent)
         b.name = f"b{next(self._next)}"
-        _set_body(b, body)
+        set_body(b, body)
         return b
 
     def finish(self) -> ETDG:
@@ -161,13 +162,6 @@ class _Work:
     def rename_created_in(self, env: dict):
         for b in self.buffers:
             b.created_in = tuple(dict.fromkeys(env.get(d, d) for d in b.created_in))
-
-
-def _set_body(block: BlockNode, body):
-    block.body = list(body)
-    for n in block.body:
-        if isinstance(n, BlockNode):
-            n.parent = block
 
 
 def _preorder(block):
@@ -229,39 +223,9 @@ def _describe(b: BlockNode) -> str:
 
 
 def _flatten(block: BlockNode, log, tag):
-    """A block node whose body is one block node is one perfect nest: merge their dims."""
-    for n in block.body:
-        if isinstance(n, BlockNode):
-            while len(n.body) == 1 and isinstance(n.body[0], BlockNode):
-                child = n.body[0]
-                n.dims = n.dims + child.dims
-                _set_body(n, child.body)
-                log.append(f"{tag}: {child.name} is the only node in {n.name}'s body: perfect nest "
-                           f"-> {_describe(n)}")
-            _flatten(n, log, tag)
-
-
-def _sweep(root: BlockNode):
-    """Drop operation nodes no store needs, then block nodes left empty."""
-    live = set()
-
-    def mark(op):
-        if id(op) not in live:
-            live.add(id(op))
-            for a in op.inputs:
-                if isinstance(a, OpNode):
-                    mark(a)
-    for op in _ops(root):
-        if op.op == "store":
-            mark(op)
-
-    def sweep(block):
-        block.body = [n for n in block.body if isinstance(n, BlockNode) or id(n) in live]
-        for n in block.body:
-            if isinstance(n, BlockNode):
-                sweep(n)
-        block.body = [n for n in block.body if not (isinstance(n, BlockNode) and not n.body)]
-    sweep(root)
+    """Merge perfect nests, logging each merge."""
+    merge_perfect_nests(block, lambda n, child: log.append(
+        f"{tag}: {child.name} is the only node in {n.name}'s body: perfect nest -> {_describe(n)}"))
 
 
 def _operand_dtype_shape(a):
@@ -399,7 +363,7 @@ def _horizontal_once(w: _Work, log) -> bool:
             env = {d2: Aff.of(d1) for d1, d2 in zip(b1.dims, b2.dims)}
             _substitute(b2, env)
             w.rename_created_in(dict(zip(b2.dims, b1.dims)))
-            _set_body(b1, b1.body + b2.body)
+            set_body(b1, b1.body + b2.body)
             if where == "first":
                 del body[b]
             else:
@@ -474,7 +438,7 @@ def _vertical_candidate(etdg: ETDG, path, a: int, b: int, k: int, where: str, lo
     ppart = [w.new_block(P.dims[k:], P, P.body)] if split[0] else P.body
     cpart = [w.new_block(C.dims[k:], P, C.body)] if split[1] else C.body
     P.dims = P.dims[:k]
-    _set_body(P, ppart + cpart)
+    set_body(P, ppart + cpart)
     if where == "producer":
         del parent.body[b]
     else:
@@ -482,7 +446,7 @@ def _vertical_candidate(etdg: ETDG, path, a: int, b: int, k: int, where: str, lo
         del parent.body[a]
     n_fwd = _forward(P)
     if n_fwd:
-        _sweep(w.root)
+        drop_dead_ops(w.root)
     left = [f"{nm}'s unaligned dims -> child {_describe(part[0])}"
             for nm, part, s in ((names[0], ppart, split[0]), (names[1], cpart, split[1])) if s]
     msg = (f"vertical: {names[0]} -> {names[1]} merged over {k} aligned dim(s) ({', '.join(ops)}) at the "
@@ -678,8 +642,8 @@ def _fuse_once(w: _Work, log) -> bool:
                     if q is not None:
                         pieces.append(q)
             op.pieces = pieces
-        _set_body(block, [n for n in block.body if n is not store])
-        _sweep(w.root)
+        set_body(block, [n for n in block.body if n is not store])
+        drop_dead_ops(w.root)
         what = ", ".join(sorted({pc.buffer.resolve().name if pc.buffer is not None else "a constant"
                                  for pc in src}))
         how = (f"its {len(readers)} reader(s) now read the source through the composed access map"
@@ -734,7 +698,7 @@ def drop_dead_buffers(etdg: ETDG, log: list | None = None) -> ETDG:
     visit(w.root)
     if dead:
         before = {b.name for b in _preorder(w.root)}
-        _sweep(w.root)
+        drop_dead_ops(w.root)
         gone = before - {b.name for b in _preorder(w.root)}
         log.append(f"dead: nothing reads {', '.join(dead)}: stores removed"
                    + (f", block node(s) {', '.join(sorted(gone))} left empty and removed" if gone else ""))
