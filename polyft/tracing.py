@@ -39,8 +39,8 @@ class _TraceState:
         self.buffers: list[Buffer] = []
         self.n_buf = 0
         self.n_const = 0
-        self.reemitted: dict = {}  # (value id, block name) -> OpNode
-        self.materialized: dict = {}  # value id -> Buffer
+        self.reemitted: dict = {}  # (Value, block, run) -> its reload in that statement
+        self.materialized: dict = {}  # Value -> the buffer it was stored into
         self.assumptions: list = []  # etdg.Assumption: conditions on lengths the program relies on
 
     def assume(self, expr: Length, op: str, kind: str = "ge", d: int = 1) -> None:
@@ -209,7 +209,7 @@ def _use(v: Value):
         return ("const", v.const)
     if v.block is st.block and not _child_block_since(v.node, st.block):
         return v.node
-    key = (id(v), id(st.block), _last_child(st.block))  # one reload per statement
+    key = (v, st.block, _last_child(st.block))  # one reload per statement; the key keeps v alive
     if key not in st.reemitted:
         st.reemitted[key] = st.emit(OpNode("load", [], v.shape, v.dtype, pieces=_pieces_of(v)))
     return st.reemitted[key]
@@ -237,7 +237,7 @@ def _pieces_of(v: Value) -> list:
                                  op="trace")
     if v.node.op == "load":
         return v.node.pieces
-    buf = st.materialized.get(id(v))
+    buf = st.materialized.get(v)
     ctx = v.block.context()
     if buf is None:
         buf = st.new_buffer([d.extent for d in ctx], v.shape, v.dtype)
@@ -245,7 +245,7 @@ def _pieces_of(v: Value) -> list:
         body.insert(body.index(v.node) + 1,
                     OpNode("store", [v.node], v.shape, v.dtype, buffer=buf,
                            index=tuple(Aff.of(d) for d in ctx)))
-        st.materialized[id(v)] = buf
+        st.materialized[v] = buf
     return [Piece((), buf, tuple(Aff.of(d) for d in ctx))]
 
 
