@@ -18,8 +18,8 @@ _USER_CODE_INSIDE = os.sep + "polyft" + os.sep + "workloads" + os.sep
 
 
 def _is_library_file(filename: str) -> bool:
-    if filename.startswith("<frozen"):
-        return True  # the interpreter's own machinery (runpy, importlib)
+    if filename.startswith("<frozen") or os.path.basename(filename) == "polyft":
+        return True  # the interpreter's machinery (runpy, importlib) and the console script
     path = os.path.abspath(filename)
     if _USER_CODE_INSIDE in path and not os.path.basename(path).startswith("_"):
         return False  # the bundled workloads are user programs too (not the registry and helpers)
