@@ -1,11 +1,24 @@
-"""Hand-written torch baselines for the RNN workloads, on the workloads' own inputs.
+"""Hand-written torch baselines for every workload, on the workloads' own inputs, on any
+torch device ("cpu" or "cuda").
 
-The per-cell loops are how one writes these models in eager PyTorch: one cell call per
-(layer, time step) — or per grid cell — batched over the batch. `torch_lstm` is cuDNN's
-interface (torch.nn.LSTM) with the same weights. Each returns what the polyft program
-returns, so every baseline is checked against the eager result before it is timed.
+Each function takes the workload's inputs (FractalTensors) and returns a `Baseline`: the
+data are converted and moved to the device once, `run()` is the call that is timed, and
+`result()` runs it and returns numpy data laid out as the eager program's result (or as
+`expected(eager result)` where a baseline computes only part of it), so that every baseline
+is checked against the eager result before it is timed.
+
+* RNNs: the per-cell loops are how one writes these models in eager PyTorch: one cell call
+  per (layer, time step), or per grid cell, batched over the batch. `compile=True` runs the
+  cell through torch.compile (the loops stay in Python, as with PyTorch JIT on a cell).
+  `nn_lstm` is cuDNN's interface (torch.nn.LSTM, all layers in one call) with our weights.
+* b2b_gemm: two GEMMs (cuBLAS on a GPU); flash_attention: scaled_dot_product_attention
+  (FlashAttention-2's kernel on a GPU); bigbird: a blocked implementation that gathers each
+  query block's window and global key blocks into one tensor (as the official one does).
+  `compile=True` compiles the whole call.
 """
 from __future__ import annotations
+
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -15,16 +28,50 @@ def _torch():
     return torch
 
 
-def _gates(ws, us, bs):
-    """Stack a layer's 4 gates (i, f, o, g) into [H, 4H] / [1, 4H] matrices."""
+class Baseline(NamedTuple):
+    run: Callable  # the timed call; data already on the device
+    result: Callable  # run() as numpy, laid out as expected(eager result)
+    expected: Callable = lambda eager: eager  # the part of the eager result it computes
+
+
+def _on(device, *arrays):
     t = _torch()
-    W = t.from_numpy(np.concatenate([w for w in ws], axis=1))
-    U = t.from_numpy(np.concatenate([u for u in us], axis=1))
-    b = t.from_numpy(np.concatenate([x for x in bs], axis=1))
-    return W, U, b
+    return [t.from_numpy(np.ascontiguousarray(a)).to(device) for a in arrays]
 
 
-def _cell(x, h, c, W, U, b):
+def _array(x) -> np.ndarray:
+    return x.to_numpy() if hasattr(x, "to_numpy") else np.asarray(x)
+
+
+def _numpy(x):
+    if isinstance(x, (tuple, list)):
+        return tuple(_numpy(v) for v in x)
+    return x.detach().cpu().numpy()
+
+
+def _baseline(run, shape=lambda r: r, expected=None) -> Baseline:
+    """A Baseline from a no-grad call and how to lay its result out as the eager result."""
+    t = _torch()
+
+    def timed():
+        with t.no_grad():
+            return run()
+    return Baseline(timed, lambda: shape(_numpy(timed())), expected or (lambda eager: eager))
+
+
+def _compiled(fn, compile: bool):
+    return _torch().compile(fn) if compile else fn
+
+
+# -- RNN cells -------------------------------------------------------------------------------
+
+def _gates(ws, us, bs):
+    """Stack a layer's 4 gates (i, f, o, g) into [H, 4H] / [1, 4H] matrices (numpy)."""
+    return (np.concatenate(list(ws), axis=1), np.concatenate(list(us), axis=1),
+            np.concatenate(list(bs), axis=1))
+
+
+def _lstm_cell(x, h, c, W, U, b):
     t = _torch()
     g = x @ W + h @ U + b
     i, f, o, gg = g.chunk(4, dim=1)
@@ -38,31 +85,58 @@ def _layers(wss, uss, bss):
     return [_gates(ws[d], us[d], bs[d]) for d in range(ws.shape[0])]
 
 
-def lstm_cell_loop(xss, wss, uss, bss):
-    """stacked_lstm: for each layer, for each step, one batched LSTM cell."""
+def _sequence(xss):
+    return xss.to_numpy()[:, :, 0, :]  # [N, L, H]
+
+
+def rnn_cell_loop(xss, ws, device="cpu", compile=False) -> Baseline:
+    """stacked_rnn (Listing 1): per layer, per step, s = x @ w + s, batched over N."""
     t = _torch()
-    x = t.from_numpy(xss.to_numpy()[:, :, 0, :])  # [N, L, H]
-    N, L, H = x.shape
-    hs_all, cs_all = [], []
-    with t.no_grad():
-        for W, U, b in _layers(wss, uss, bss):
-            h = t.zeros(N, H)
-            c = t.zeros(N, H)
+    x0, W = _on(device, _sequence(xss), ws.to_numpy())
+    cell = _compiled(lambda x, w, s: x @ w + s, compile)
+    N, L, H = x0.shape
+
+    def run():
+        x, out = x0, []
+        for d in range(W.shape[0]):
+            s, hs = t.zeros(N, H, device=device), []
+            for step in range(L):
+                s = cell(x[:, step], W[d], s)
+                hs.append(s)
+            x = t.stack(hs, 1)
+            out.append(x)
+        return t.stack(out, 1)
+    return _baseline(run, lambda r: r[:, :, :, None, :])
+
+
+def lstm_cell_loop(xss, wss, uss, bss, device="cpu", compile=False) -> Baseline:
+    """stacked_lstm: for each layer, for each step, one batched LSTM cell; every layer's h, c."""
+    t = _torch()
+    (x0,) = _on(device, _sequence(xss))
+    layers = [_on(device, *g) for g in _layers(wss, uss, bss)]
+    cell = _compiled(_lstm_cell, compile)
+    N, L, H = x0.shape
+
+    def run():
+        x, hs_all, cs_all = x0, [], []
+        for W, U, b in layers:
+            h, c = t.zeros(N, H, device=device), t.zeros(N, H, device=device)
             hs, cs = [], []
             for step in range(L):
-                h, c = _cell(x[:, step], h, c, W, U, b)
+                h, c = cell(x[:, step], h, c, W, U, b)
                 hs.append(h)
                 cs.append(c)
             x = t.stack(hs, 1)
             hs_all.append(x)
             cs_all.append(t.stack(cs, 1))
-    return t.stack(hs_all, 1).numpy()[:, :, :, None, :], t.stack(cs_all, 1).numpy()[:, :, :, None, :]
+        return t.stack(hs_all, 1), t.stack(cs_all, 1)
+    return _baseline(run, lambda r: (r[0][:, :, :, None, :], r[1][:, :, :, None, :]))
 
 
 def lstm_module(wss, uss, bss):
     """torch.nn.LSTM (all layers) holding our weights; torch's gate blocks are (i, f, g, o)."""
     t = _torch()
-    layers = _layers(wss, uss, bss)
+    layers = [tuple(t.from_numpy(a) for a in g) for g in _layers(wss, uss, bss)]
     H = layers[0][0].shape[0]
     lstm = t.nn.LSTM(H, H, num_layers=len(layers), batch_first=True, bias=True)
     order = [0, 1, 3, 2]
@@ -76,54 +150,94 @@ def lstm_module(wss, uss, bss):
     return lstm
 
 
-def torch_lstm(xss, wss, uss, bss):
-    """stacked_lstm through torch.nn.LSTM: the top layer's hidden states [N, L, 1, H]."""
-    t = _torch()
-    x = t.from_numpy(xss.to_numpy()[:, :, 0, :])
-    with t.no_grad():
-        out, _ = lstm_module(wss, uss, bss)(x)
-    return out.numpy()[:, :, None, :]
+def nn_lstm(xss, wss, uss, bss, device="cpu", compile=False) -> Baseline:
+    """stacked_lstm through torch.nn.LSTM (cuDNN on a GPU): the top layer's hidden states."""
+    (x,) = _on(device, _sequence(xss))
+    lstm = lstm_module(wss, uss, bss).to(device)
+    return _baseline(lambda: lstm(x)[0], lambda r: r[:, :, None, :],
+                     expected=lambda eager: _array(eager[0])[:, -1])
 
 
-def dilated_cell_loop(xss, wss, uss, bss):
+def dilated_cell_loop(xss, wss, uss, bss, device="cpu", compile=False) -> Baseline:
     """dilated_rnn: layer k's step t reads the state of step t - 2**k; batched over N."""
     t = _torch()
-    x = t.from_numpy(xss.to_numpy()[:, :, 0, :])
-    N, L, H = x.shape
-    with t.no_grad():
-        for k, (W, U, b) in enumerate(_layers(wss, uss, bss)):
-            d = 2 ** k
-            zero = t.zeros(N, H)
+    (x0,) = _on(device, _sequence(xss))
+    layers = [_on(device, *g) for g in _layers(wss, uss, bss)]
+    cell = _compiled(_lstm_cell, compile)
+    N, L, H = x0.shape
+
+    def run():
+        x = x0
+        for k, (W, U, b) in enumerate(layers):
+            d, zero = 2 ** k, t.zeros(N, H, device=device)
             hs, cs = [], []
             for step in range(L):
                 h0, c0 = (hs[step - d], cs[step - d]) if step >= d else (zero, zero)
-                h, c = _cell(x[:, step], h0, c0, W, U, b)
+                h, c = cell(x[:, step], h0, c0, W, U, b)
                 hs.append(h)
                 cs.append(c)
             x = t.stack(hs, 1)
-    return x.numpy()[:, :, None, :]
+        return x
+    return _baseline(run, lambda r: r[:, :, None, :])
 
 
-def grid_cell_loop(xss, yss, wx, wy, ws, u1s, u2s, bs):
+def grid_cell_loop(xss, yss, wx, wy, ws, u1s, u2s, bs, device="cpu", compile=False) -> Baseline:
     """grid_rnn: per layer, per grid cell (i, j), one batched cell reading left and up."""
     t = _torch()
-    x = t.from_numpy(xss.to_numpy()[:, :, 0, :])
-    y = t.from_numpy(yss.to_numpy()[:, :, 0, :])
+    x, y, Wx, Wy = _on(device, _sequence(xss), _sequence(yss), np.asarray(wx), np.asarray(wy))
     N, L1, H = x.shape
     L2 = y.shape[1]
-    Wx, Wy = t.from_numpy(np.asarray(wx)), t.from_numpy(np.asarray(wy))
-    layers = [tuple(t.from_numpy(a.to_numpy()[d]) for a in (ws, u1s, u2s, bs)) for d in range(len(ws))]
-    with t.no_grad():
+    layers = [_on(device, *(a.to_numpy()[d] for a in (ws, u1s, u2s, bs))) for d in range(len(ws))]
+    cell = _compiled(lambda g, left, up, W, U1, U2, b: t.tanh(g @ W + left @ U1 + up @ U2 + b), compile)
+
+    def run():
         g = [[x[:, i] @ Wx + y[:, j] @ Wy for j in range(L2)] for i in range(L1)]
-        outs = []
+        zero, outs = t.zeros(N, H, device=device), []
         for W, U1, U2, b in layers:
-            zero = t.zeros(N, H)
             h = [[None] * L2 for _ in range(L1)]
             for i in range(L1):
                 for j in range(L2):
-                    left = h[i][j - 1] if j else zero
-                    up = h[i - 1][j] if i else zero
-                    h[i][j] = t.tanh(g[i][j] @ W + left @ U1 + up @ U2 + b)
+                    h[i][j] = cell(g[i][j], h[i][j - 1] if j else zero, h[i - 1][j] if i else zero, W, U1, U2, b)
             g = h
             outs.append(t.stack([t.stack(row, 1) for row in h], 1))
-    return t.stack(outs, 1).numpy()[:, :, :, :, None, :]
+        return t.stack(outs, 1)
+    return _baseline(run, lambda r: r[:, :, :, :, None, :])
+
+
+# -- attention and GEMMs ---------------------------------------------------------------------
+
+def two_matmuls(a_tiles, b_tiles, c_tiles, device="cpu", compile=False) -> Baseline:
+    """b2b_gemm: (A @ B) @ C on the whole matrices (cuBLAS on a GPU)."""
+    a, b, c = (x.to_numpy() for x in (a_tiles, b_tiles, c_tiles))  # [MT, tm, K], [NT, K, tn], [NT, tn, P]
+    A, Bm, Cm = _on(device, a.reshape(-1, a.shape[-1]), np.concatenate(list(b), axis=1),
+                    np.concatenate(list(c), axis=0))
+    fn = _compiled(lambda: (A @ Bm) @ Cm, compile)
+    return _baseline(fn, lambda r: r.reshape(a.shape[0], a.shape[1], -1))
+
+
+def sdpa(qsss, ksss, vsss, device="cpu", compile=False) -> Baseline:
+    """flash_attention: torch scaled_dot_product_attention over the whole sequences."""
+    t = _torch()
+    q, k, v = _on(device, *(x.to_numpy() for x in (qsss, ksss, vsss)))  # [B, NH, T, t, d]
+    shape = q.shape
+    q2, k2, v2 = (x.reshape(x.shape[0], x.shape[1], -1, x.shape[-1]) for x in (q, k, v))
+    fn = _compiled(lambda: t.nn.functional.scaled_dot_product_attention(q2, k2, v2), compile)
+    return _baseline(fn, lambda r: r.reshape(shape))
+
+
+def blocked_bigbird(qss, kss, vss, device="cpu", compile=False) -> Baseline:
+    """bigbird: query blocks 2..nb-3 against their window of 3 key blocks and the first and
+    last (global) key blocks, gathered into one [B, nb - 4, 5 bs, d] tensor per operand."""
+    t = _torch()
+    q, k, v = _on(device, *(x.to_numpy() for x in (qss, kss, vss)))  # [B, nb, bs, d]
+    B, nb, bs, d = q.shape
+    scale = 1.0 / np.sqrt(d)
+
+    def gather(x):
+        first, last = x[:, 0:1].expand(-1, nb - 4, -1, -1), x[:, nb - 1:nb].expand(-1, nb - 4, -1, -1)
+        return t.cat([first, x[:, 1:nb - 3], x[:, 2:nb - 2], x[:, 3:nb - 1], last], dim=2)
+
+    def run():
+        p = t.softmax((q[:, 2:nb - 2] * scale) @ gather(k).transpose(-1, -2), dim=-1)
+        return p @ gather(v)
+    return _baseline(_compiled(run, compile))

@@ -38,10 +38,11 @@ PHASES = ("trace", "model", "analyze")
 REPEATS = 5
 
 
-def lengths(name: str, preset: str) -> dict:
+def lengths(name: str, preset) -> dict:
     """The values of a workload's symbolic lengths (the ISL parameters of its specs) at a
-    preset, as its `inputs(preset)` would give them (without building the inputs)."""
-    s = WORKLOADS[name].PRESETS[preset]
+    preset (a name, or a dict of sizes as `inputs(**sizes)` takes them), as its
+    `inputs(preset)` would give them (without building the inputs)."""
+    s = preset if isinstance(preset, dict) else WORKLOADS[name].PRESETS[preset]
     if name in ("stacked_rnn", "stacked_lstm"):
         return {"N": s["N"], "D": s["D"], "L": s["L"]}
     if name == "dilated_rnn":  # the layer count is static: D is a Python loop over layers

@@ -1,0 +1,293 @@
+"""Measure one workload at one size across systems, and sweeps of such points: the one place
+the timing artefacts (cpu_rnn, fig2, fig7, fig8) measure anything.
+
+For one point (workload, sizes) every system of the workload gets one tidy row:
+
+* the reference: the eager numpy program (`numpy-eager`), or, where eager numpy would be too
+  slow (more than EAGER_LIMIT instances of the workload's lengths, e.g. the paper's shapes),
+  the workload's first torch baseline run on the CPU; `checked_against` names it;
+* each system is built (generated code compiled, data moved to its device), run once and its
+  result checked against the reference (relative error in norm < CPU_TOL, GPU_TOL on a GPU:
+  TF32 and other kernels), then run `warmup` more times, then timed `repeats` times;
+  `seconds` is the median, `seconds_min` / `seconds_max` the spread. A system that fails its
+  check gets status "wrong: ..." and no time; `sweep` writes the CSV and then fails loudly;
+* systems that cannot run here are rows too, never dropped: status "absent: no GPU",
+  "absent: not installed (pycuda)", "absent: not implemented (...)"; eager numpy beyond
+  EAGER_LIMIT is "skipped: ...".
+
+Systems: on the CPU `numpy-eager`, `c-original` and `c-auto` (generated C, ft.compile with
+schedule "original" / "auto", OpenMP) and the torch baselines of experiments/baselines.py.
+CPU threads (OpenMP and torch alike): $POLYFT_THREADS, else every core (`threads` column);
+`load` is the 1-minute load average when the point started (other jobs on the machine). On a GPU `polyft-cuda-original/auto`
+(generated CUDA through PyCUDA), every torch baseline on CUDA (`<name>-cuda`: the per-cell
+loops; torch.nn.LSTM = cuDNN; SDPA = FlashAttention-2's kernel; two GEMMs = cuBLAS),
+`torch-compile-cuda` (the first baseline through torch.compile) and `triton` (no Triton
+kernels here: always absent). GPU times are wall times between device synchronisations.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import importlib.util
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+import polyft as ft
+from polyft.testing import rel_error
+from polyft.workloads import get
+from polyft.workloads._common import sizes as full_sizes
+
+from . import baselines
+from .common import cpu_name, meta
+from .deps_time import lengths
+
+EAGER = "numpy-eager"
+EAGER_LIMIT = 20_000  # product of the workload's lengths above which eager numpy is skipped
+CPU_TOL, GPU_TOL = 1e-4, 2e-3
+REPEATS = {"quick": 5, "paper": 10}
+WARMUP = 1
+
+# workload -> torch baselines: (system name, function in baselines, what it is)
+TORCH = {
+    "stacked_rnn": [("torch-cell-loop", baselines.rnn_cell_loop, "eager PyTorch, one cell call per (layer, step)")],
+    "stacked_lstm": [("torch-cell-loop", baselines.lstm_cell_loop, "eager PyTorch, one cell call per (layer, step)"),
+                     ("torch-nn-lstm", baselines.nn_lstm, "torch.nn.LSTM, all layers in one call (cuDNN on a GPU)")],
+    "dilated_rnn": [("torch-cell-loop", baselines.dilated_cell_loop, "eager PyTorch, one cell call per (layer, step)")],
+    "grid_rnn": [("torch-cell-loop", baselines.grid_cell_loop, "eager PyTorch, one cell call per (layer, grid cell)")],
+    "b2b_gemm": [("torch-matmul", baselines.two_matmuls, "(A @ B) @ C, two GEMMs (cuBLAS on a GPU)")],
+    "flash_attention": [("torch-sdpa", baselines.sdpa,
+                         "scaled_dot_product_attention (FlashAttention-2's kernel on a GPU)")],
+    "bigbird": [("torch-blocked", baselines.blocked_bigbird, "blocked attention over gathered key/value blocks")],
+}
+
+
+@dataclass
+class System:
+    """One way to run a workload: `build(inputs)` -> baselines.Baseline (run, result, expected)."""
+
+    name: str
+    device: str  # "cpu" | "cuda"
+    build: Callable | None
+    absent: str = ""  # why it cannot run here ("" when it can)
+    note: str = ""
+
+
+# -- which systems exist here ----------------------------------------------------------------
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def gpu_available() -> bool:
+    if not _installed("torch"):
+        return False
+    import torch
+    return torch.cuda.is_available()
+
+
+def _why_absent(gpu: bool, modules=(), missing_impl: str = "") -> str:
+    reasons = [] if gpu else ["no GPU"]
+    reasons += [f"not installed ({m})" for m in modules if not _installed(m)]
+    reasons += [f"not implemented ({missing_impl})"] if missing_impl else []
+    return "; ".join(reasons)
+
+
+_COMPILED: dict = {}
+
+
+def _polyft(target: str, schedule: str):
+    """Generated code: compiled once per (workload, static shape) from the specs, so one
+    shared object serves every length of a sweep; bound to the point's inputs for timing."""
+    def build(inputs, workload=None, sizes=None):
+        mod = get(workload)
+        specs = mod.specs("small", **sizes)
+        key = (workload, target, schedule, tuple(str(s) for s in specs))
+        if key not in _COMPILED:
+            _COMPILED[key] = ft.compile(mod.program, *specs, target=target, schedule=schedule)
+        prog = _COMPILED[key]
+        go, fetch = prog.bind(*inputs)
+        return baselines.Baseline(go, lambda: prog(*inputs))
+    return build
+
+
+def _eager(inputs, workload=None, sizes=None):
+    mod = get(workload)
+    return baselines.Baseline(lambda: mod.program(*inputs), lambda: mod.program(*inputs))
+
+
+def _torch(fn, device, compile=False):
+    def build(inputs, workload=None, sizes=None):
+        return fn(*inputs, device=device, compile=compile)
+    return build
+
+
+def systems(workload: str) -> list:
+    """Every system of `workload`, CPU first, GPU ones absent (with the reason) where they
+    cannot run here."""
+    gpu = gpu_available()
+    out = [System(EAGER, "cpu", _eager, note="the program run eagerly on numpy (the reference)"),
+           System("c-original", "cpu", _polyft("c", "original"), note="generated C, the nest as written"),
+           System("c-auto", "cpu", _polyft("c", "auto"), note="generated C, coarsened and reordered (§5)")]
+    out += [System(name, "cpu", _torch(fn, "cpu"), note=what) for name, fn, what in TORCH[workload]]
+    cuda = _why_absent(gpu, ["pycuda"])
+    out += [System(f"polyft-cuda-{s}", "cuda", _polyft("cuda", s), cuda, f"generated CUDA, schedule {s}")
+            for s in ("original", "auto")]
+    torch_cuda = _why_absent(gpu)
+    out += [System(f"{name}-cuda", "cuda", _torch(fn, "cuda"), torch_cuda, what) for name, fn, what in TORCH[workload]]
+    name, fn, what = TORCH[workload][0]
+    out.append(System("torch-compile-cuda", "cuda", _torch(fn, "cuda", compile=True), torch_cuda,
+                      f"torch.compile of {name} ({what})"))
+    out.append(System("triton", "cuda", None, _why_absent(gpu, ["triton"], "no Triton kernels in experiments/"),
+                      "hand-written Triton kernels (the paper's best baseline for grid RNN and BigBird)"))
+    return out
+
+
+# -- timing ----------------------------------------------------------------------------------
+
+def _sync(device):
+    if device == "cuda":
+        import torch
+        torch.cuda.synchronize()
+
+
+def time_calls(fn, repeats: int, warmup: int = WARMUP, device: str = "cpu") -> list:
+    """Seconds of `repeats` calls of fn after `warmup` calls (device synchronised around each)."""
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _device_name(device: str) -> str:
+    if device == "cpu":
+        return cpu_name()
+    if gpu_available():
+        import torch
+        return torch.cuda.get_device_name()
+    return "none (no GPU)"
+
+
+def set_threads() -> int:
+    """CPU threads for every system: $POLYFT_THREADS, else every core. torch's intra-op
+    threads and the generated C's OpenMP threads (libgomp) both follow it."""
+    import torch
+    n = int(os.environ.get("POLYFT_THREADS") or 0) or os.cpu_count() or 1
+    torch.set_num_threads(n)
+    os.environ["OMP_NUM_THREADS"] = str(n)  # for a libgomp loaded later
+    try:
+        ctypes.CDLL("libgomp.so.1").omp_set_num_threads(n)  # the one the generated C uses
+    except (OSError, AttributeError):
+        pass
+    return n
+
+
+def shape_string(sizes: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in sizes.items())
+
+
+def instances(workload: str, sizes: dict) -> int:
+    """Product of the workload's lengths at these sizes: how much eager numpy would loop."""
+    mod = get(workload)
+    return int(np.prod(list(lengths(workload, full_sizes(workload, mod.PRESETS, "small", sizes)).values())))
+
+
+def measure(workload: str, sizes: dict, preset: str = "quick", repeats: int | None = None,
+            warmup: int = WARMUP, extra: dict | None = None, info: dict | None = None) -> list:
+    """One row per system of `workload` at `sizes` (inputs: the "small" preset overridden
+    by `sizes`, seed 1); `extra` columns (depth, panel, ...) are copied into every row."""
+    mod = get(workload)
+    repeats = repeats or REPEATS.get(preset, 3)
+    info = {k: v for k, v in (info or meta()).items() if k != "device"}  # device: per system
+    inputs = mod.inputs("small", seed=1, **sizes)
+    common = dict(workload=workload, shape=shape_string(sizes), **(extra or {}))
+    eager_ok = instances(workload, sizes) <= EAGER_LIMIT
+    if eager_ok:
+        reference, ref_name = mod.program(*inputs), EAGER
+    else:  # the first torch baseline on the CPU, laid out as the eager result
+        name, fn, _ = TORCH[workload][0]
+        reference, ref_name = fn(*inputs).result(), f"{name} (cpu)"
+    load, threads = os.getloadavg()[0], set_threads()
+    rows = []
+    for system in systems(workload):
+        row = dict(common, system=system.name, device=_device_name(system.device), status="ok",
+                   seconds=float("nan"), seconds_min=float("nan"), seconds_max=float("nan"), repeats=0,
+                   warmup=0, rel_error=float("nan"), checked_against="", threads=threads,
+                   load=round(load, 2), preset=preset, **info, note=system.note)
+        rows.append(row)
+        if system.absent:
+            row["status"] = f"absent: {system.absent}"
+            continue
+        if system.name == EAGER and not eager_ok:
+            row["status"] = f"skipped: eager numpy too slow here (> {EAGER_LIMIT} instances)"
+            continue
+        b = system.build(inputs, workload=workload, sizes=sizes)
+        if system.name != EAGER:  # (eager's first run made the reference)
+            err = rel_error(b.result(), b.expected(reference))  # the first run: also a warm-up
+            row.update(rel_error=err, checked_against=ref_name)
+            if not err < (GPU_TOL if system.device == "cuda" else CPU_TOL):
+                row["status"] = f"wrong: rel error {err:.2e} against {ref_name}"
+                continue
+        times = time_calls(b.run, repeats, warmup, system.device)
+        row.update(seconds=statistics.median(times), seconds_min=min(times), seconds_max=max(times),
+                   repeats=repeats, warmup=warmup + 1)
+    return rows
+
+
+@dataclass
+class Point:
+    """One measurement point of a sweep: a workload at sizes, with the columns that place it
+    in a figure (depth, seq_len, model, panel, ...)."""
+
+    workload: str
+    sizes: dict
+    extra: dict = field(default_factory=dict)
+
+
+def sweep(name: str, points: list, preset: str, out_dir: str, repeats: int | None = None) -> pd.DataFrame:
+    """Measure every point, print a progress line per point, write <out_dir>/<name>.csv.
+    Raises after writing when a system disagreed with the reference."""
+    info, rows = meta(), []
+    t0 = time.perf_counter()
+    for n, p in enumerate(points, 1):
+        new = measure(p.workload, p.sizes, preset, repeats, extra=p.extra, info=info)
+        rows += new
+        ran = [f"{r['system']} {r['seconds'] * 1e3:.1f}" for r in new if r["status"] == "ok"]
+        bad = [f"{r['system']} {r['status']}" for r in new if r["status"].startswith("wrong")]
+        print(f"[{name} {n}/{len(points)} {time.perf_counter() - t0:5.0f} s] {p.workload} {shape_string(p.sizes)}: "
+              + ", ".join(ran) + " ms" + ("  WRONG: " + "; ".join(bad) if bad else ""), flush=True)
+    df = pd.DataFrame(rows)
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"{name}.csv")
+    df.to_csv(path, index=False)
+    absent = sorted({r["system"] for r in rows if r["status"] != "ok"})
+    print(f"wrote {path} ({len(df)} rows; not measured here: {', '.join(absent) or 'none'})", flush=True)
+    wrong = df[df["status"].str.startswith("wrong")]
+    if len(wrong):
+        raise AssertionError(f"{name}: {len(wrong)} systems disagree with the reference:\n"
+                             + wrong[["workload", "shape", "system", "status"]].to_string(index=False))
+    return df
+
+
+def main(run, doc: str, argv=None) -> int:
+    """The command line of a timing artefact: `python -m experiments.NAME [--quick | --paper]
+    [--out DIR]`, calling run(preset, out_dir)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="small sizes on the CPU (the default)")
+    size.add_argument("--paper", action="store_true", help="the paper's shapes (for a GPU machine)")
+    ap.add_argument("--out", default="results", help="output folder (default: results)")
+    args = ap.parse_args(argv)
+    run("paper" if args.paper else "quick", args.out)
+    return 0
