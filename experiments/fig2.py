@@ -1,0 +1,32 @@
+"""Figure 2: time against stack depth for the stacked RNN (Listing 1) and the stacked LSTM
+(Listing 2), every system side by side (experiments/measure.py: checked against eager numpy,
+warm-up, median of repeats). The paper's claim: with the parallelism across layers and time
+steps exposed, time must not grow linearly with depth (plot: results/fig2.png; the ratios
+time(deepest) / time(depth 1) per system: results/depth_scaling.csv).
+
+    --quick  CPU: batch 16, hidden 128, length 32, depth 1, 4, 8, 12, 16
+    --paper  Table 6 / Figure 8 "middle": batch 256, hidden 256, length 64, depth 1, 4, ..., 32
+
+Writes results/fig2.csv (one row per workload, depth and system; GPU systems are rows with
+status "absent: ..." where there is no GPU).
+"""
+from __future__ import annotations
+
+from .measure import Point, main, sweep
+
+SHAPES = {"quick": (dict(N=16, H=128, L=32), (1, 4, 8, 12, 16)),
+          "paper": (dict(N=256, H=256, L=64), (1, 4, 8, 12, 16, 20, 24, 28, 32))}
+WORKLOADS = ("stacked_rnn", "stacked_lstm")
+
+
+def points(preset: str) -> list:
+    base, depths = SHAPES[preset]
+    return [Point(w, dict(base, D=d), {"depth": d}) for w in WORKLOADS for d in depths]
+
+
+def run(preset: str = "quick", out_dir: str = "results"):
+    return sweep("fig2", points(preset), preset, out_dir)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(run, __doc__))
