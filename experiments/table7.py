@@ -1,0 +1,211 @@
+"""Table 7: memory traffic with and without deferred access materialisation.
+
+The model (deps/traffic.py, exact from the ISL access relations of the traced program at
+concrete sizes): bytes moved when every read goes through its access map to the source
+buffer ("deferred", FractalTensor's plan) against bytes moved when every read through a
+non-identity view (window, slice, stride, index, gather) first copies the view into its own
+buffer ("materialised", what a DAG of tensor operators does: PyTorch, TVM). Counted at the
+paper's shapes (the model counts boxes analytically, so they take well under a second):
+BigBird as Listing 4 ([16, 64] blocks of [32, 512]) and flash attention as Listing 3
+([32, 16, 64] query tiles of [32, 128], 4096 keys), plus every other workload at its
+"paper" preset for context. Quick and paper presets are the same here.
+
+Writes results/table7.csv (workload, shape, plan, bytes, GB, ratio to deferred),
+results/table7_accesses.csv (every read and write with its kind and counts) and
+results/table7.txt (the table beside the paper's measured DRAM bytes).
+
+Measured traffic needs an NVIDIA GPU and Nsight Compute. With `--ncu`, for BigBird and flash
+attention at the paper's shapes, each GPU system (generated CUDA, the torch baseline on
+CUDA) is run once inside an NVTX range and profiled, summing over its kernels:
+
+    ncu --csv --metrics dram__bytes.sum,lts__t_bytes.sum,l1tex__t_bytes.sum \\
+        --nvtx --nvtx-include "table7/" --target-processes all \\
+        python -m experiments.table7 --ncu-child bigbird polyft-cuda-auto
+
+(DRAM, L2 and L1 bytes as in the paper's Table 7) -> results/table7_ncu.csv. Without a GPU
+or without `ncu` on PATH, `--ncu` stops with an error saying which is missing.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import shutil
+import subprocess
+import sys
+
+import pandas as pd
+
+import polyft as ft
+from deps.traffic import traffic
+from polyft.errors import PolyftError
+from polyft.workloads import WORKLOADS, get
+
+from .common import meta
+from .deps_time import lengths
+
+HIGHLIGHT = ("bigbird", "flash_attention")  # the paper's Table 7
+# the paper's Table 7 (A100, GB of DRAM traffic): FractalTensor and the materialising systems
+PAPER_DRAM = {"bigbird": {"FractalTensor": 12.36, "Triton": 28.21, "PyTorch": 47.49, "TVM": 108.9},
+              "flash_attention": {"FractalTensor": 3.99, "Triton": 4.01, "FlashAttention-2": 4.13,
+                                  "CUTLASS": 3.98}}
+NCU_METRICS = {"dram__bytes.sum": "dram", "lts__t_bytes.sum": "l2", "l1tex__t_bytes.sum": "l1"}
+NCU_SYSTEMS = ("polyft-cuda-auto", "torch-blocked-cuda", "torch-sdpa-cuda")
+NCU_RANGE = "table7"
+
+
+def model(workload: str, preset: str = "paper"):
+    """The traffic model of `workload` at a preset's sizes ("quick" means "paper"): (shape
+    string, deps.traffic.Traffic)."""
+    mod, preset = get(workload), "paper" if preset == "quick" else preset
+    shape = " ".join(f"{k}={v}" for k, v in mod.PRESETS[preset].items())
+    return shape, traffic(ft.trace(mod.program, *mod.specs(preset)), lengths(workload, preset))
+
+
+def run(preset: str = "quick", out_dir: str = "results") -> pd.DataFrame:
+    info = meta()
+    rows, accesses = [], []
+    for name in WORKLOADS:
+        shape, tr = model(name, preset)
+        deferred = tr.bytes("deferred")
+        views = sum(r.is_view for r in tr.reads)
+        for plan in ("deferred", "materialised"):
+            b = tr.bytes(plan)
+            rows.append(dict(workload=name, shape=shape, system=f"model-{plan}", plan=plan, bytes=b, GB=b / 1e9,
+                             ratio_to_deferred=b / deferred, views=views, table7=name in HIGHLIGHT,
+                             preset=preset, **info, status="ok"))
+        accesses += [dict(workload=name, shape=shape, **r) for r in tr.rows()]
+        print(f"[table7] {name:16s} deferred {deferred / 1e9:8.3f} GB  materialised "
+              f"{tr.bytes('materialised') / 1e9:8.3f} GB  ({views} view reads)", flush=True)
+    df = pd.DataFrame(rows)
+    df["device"] = "model (exact counts, no device)"
+    os.makedirs(out_dir, exist_ok=True)
+    df.to_csv(os.path.join(out_dir, "table7.csv"), index=False)
+    pd.DataFrame(accesses).to_csv(os.path.join(out_dir, "table7_accesses.csv"), index=False)
+    text = markdown(df)
+    with open(os.path.join(out_dir, "table7.txt"), "w") as f:
+        f.write(text + "\n")
+    print(text)
+    return df
+
+
+def markdown(df: pd.DataFrame) -> str:
+    lines = ["Table 7 (model): bytes moved by the reads and writes of each workload at the paper's shapes,",
+             "deferring view materialisation (reads through the access maps) vs materialising every view;",
+             "ideal cache, one tile per buffer element, float32 (deps/traffic.py). The paper's measured",
+             "A100 DRAM traffic beside it.",
+             "",
+             "| workload | shape | view reads | deferred GB | materialised GB | materialised / deferred "
+             "| paper: DRAM GB on A100 (/ FractalTensor's) |",
+             "|---|---|---|---|---|---|---|"]
+    for name, g in df.groupby("workload", sort=False):
+        d, m = (g[g["plan"] == p].iloc[0] for p in ("deferred", "materialised"))
+        got = PAPER_DRAM.get(name, {})
+        paper = ", ".join(f"{k} {v} ({v / got['FractalTensor']:.2f}x)" for k, v in got.items()) or "-"
+        lines.append(f"| {name}{' (Table 7)' if name in HIGHLIGHT else ''} | {d['shape']} | {d['views']} | "
+                     f"{d['GB']:.3f} | {m['GB']:.3f} | {m['ratio_to_deferred']:.2f}x | {paper} |")
+    return "\n".join(lines)
+
+
+# -- measured traffic (ncu, on a GPU) ------------------------------------------------------
+
+def _ncu_available() -> str:
+    """'' when ncu can run here, else what is missing."""
+    from .measure import gpu_available
+    missing = [] if gpu_available() else ["no GPU"]
+    missing += [] if shutil.which("ncu") else ["Nsight Compute's `ncu` not on PATH"]
+    return "; ".join(missing)
+
+
+def _ncu_bytes(csv_text: str) -> dict:
+    """Sum each metric of ncu's --csv output over the kernels, in bytes."""
+    unit = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12}
+    start = csv_text.find('"ID"')
+    if start < 0:
+        raise PolyftError(f"ncu printed no metrics:\n{csv_text[-2000:]}", op="table7")
+    df = pd.read_csv(io.StringIO(csv_text[start:]), thousands=",")
+    df = df[df["Metric Name"].isin(NCU_METRICS)]
+    df = df.assign(bytes=df["Metric Value"].astype(float) * df["Metric Unit"].map(unit))
+    return {NCU_METRICS[k]: v for k, v in df.groupby("Metric Name")["bytes"].sum().items()}
+
+
+def ncu(out_dir: str = "results") -> pd.DataFrame:
+    """Profile the GPU systems of BigBird and flash attention with ncu -> table7_ncu.csv."""
+    missing = _ncu_available()
+    if missing:
+        raise PolyftError(f"table7 --ncu needs an NVIDIA GPU and Nsight Compute: {missing}", op="table7")
+    from .measure import systems
+    info, rows = meta(), []
+    for name in HIGHLIGHT:
+        for system in systems(name):
+            if system.name not in NCU_SYSTEMS:
+                continue
+            cmd = ["ncu", "--csv", "--metrics", ",".join(NCU_METRICS), "--nvtx", "--nvtx-include", f"{NCU_RANGE}/",
+                   "--target-processes", "all", sys.executable, "-m", "experiments.table7", "--ncu-child",
+                   name, system.name]
+            print("[table7]", " ".join(cmd), flush=True)
+            if system.absent:
+                rows.append(dict(workload=name, system=system.name, status=f"absent: {system.absent}"))
+                continue
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode:
+                raise PolyftError(f"ncu failed ({done.returncode}):\n{done.stderr[-2000:]}", op="table7")
+            got = _ncu_bytes(done.stdout)
+            rows.append(dict(workload=name, system=system.name, status="ok",
+                             **{f"{k}_GB": got.get(k, float("nan")) / 1e9 for k in ("dram", "l1", "l2")}))
+    df = pd.DataFrame(rows)
+    for k, v in info.items():
+        df[k] = v
+    from .measure import _device_name
+    df["device"] = _device_name("cuda")
+    df.to_csv(os.path.join(out_dir, "table7_ncu.csv"), index=False)
+    print(df.to_string(index=False))
+    return df
+
+
+def _ncu_child(workload: str, system_name: str) -> None:
+    """Run one system once inside the NVTX range ncu profiles (after two warm-up runs)."""
+    import torch
+
+    from .measure import systems
+    system = next(s for s in systems(workload) if s.name == system_name)
+    mod = get(workload)
+    inputs = mod.inputs("paper", seed=1)
+    b = system.build(inputs, workload=workload, sizes=dict(mod.PRESETS["paper"]))
+    b.run()
+    b.run()
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_push(NCU_RANGE)
+    b.run()
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_pop()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m experiments.table7", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="the paper's shapes (the model is fast)")
+    size.add_argument("--paper", action="store_true", help="the paper's shapes")
+    ap.add_argument("--out", default="results")
+    ap.add_argument("--ncu", action="store_true", help="also measure DRAM/L2/L1 bytes with ncu (GPU only)")
+    ap.add_argument("--ncu-child", nargs=2, metavar=("WORKLOAD", "SYSTEM"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.ncu_child:
+        _ncu_child(*args.ncu_child)
+        return 0
+    if args.ncu and _ncu_available():
+        print(f"error: table7 --ncu needs an NVIDIA GPU and Nsight Compute: {_ncu_available()}", file=sys.stderr)
+        return 2
+    run("paper" if args.paper else "quick", args.out)
+    if args.ncu:
+        try:
+            ncu(args.out)
+        except PolyftError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
