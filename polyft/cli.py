@@ -81,8 +81,8 @@ def _schedules(prog) -> str:
 def cmd_reproduce(args) -> int:
     from experiments.reproduce import reproduce, summary
     preset = "paper" if args.paper else "quick"
-    rows = reproduce(args.artefacts, preset=preset, out_dir=args.out)
-    print("\n" + summary(rows))
+    rows = reproduce(args.artefacts, preset=preset, out_dir=args.out, plots=not args.no_plots)
+    print("\n" + summary(rows, args.out))
     return 0 if all(r[1] == "ok" for r in rows) else 1
 
 
@@ -110,6 +110,7 @@ def main(argv=None) -> int:
     size.add_argument("--quick", action="store_true", help="small sizes on the CPU (the default)")
     size.add_argument("--paper", action="store_true", help="the paper's shapes (for a GPU machine)")
     p.add_argument("--out", default="results", help="output folder (default: results)")
+    p.add_argument("--no-plots", action="store_true", help="skip the plotting step (experiments/plot.py)")
     p.set_defaults(run=cmd_reproduce)
     args = parser.parse_args(argv)
     try:

@@ -1,0 +1,344 @@
+"""Plots and derived tables, drawn only from the CSVs in results/ (never from memory):
+
+* fig2.png    Figure 2: time against depth, stacked RNN and stacked LSTM, one line per system
+* fig7.png    Figure 7: time per workload and system (bars, log scale), polyft's speedup over
+              the best baseline written above each workload; the speedups: fig7_speedup.csv
+* fig8.png    Figure 8: stacked LSTM, dilated RNN, grid RNN against depth and sequence length,
+              "middle" and "large" models
+* table7.png  Table 7 (model): GB moved with deferred vs materialised views per workload
+* depth_scaling.csv  time(deepest) / time(depth 1) per system, from fig2 and fig8's depth
+              panels (the paper: with the parallelism exposed, time must not grow linearly
+              with depth; the paper's baselines at depth 20: cuDNN 12.99, TVM 16.65, PyTorch
+              JIT 20.94, TF AutoGraph 21.20)
+
+A CSV that is missing is skipped with a message. Only rows with status "ok" are drawn; the
+other systems (absent here) are named in a note under each figure.
+
+    python -m experiments.plot [--out results]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+# one colour and marker per system, the same in every figure (polyft's own systems in red/blue)
+STYLE = {
+    "c-auto": ("tab:red", "o", "-"), "c-original": ("tab:blue", "s", "--"),
+    "polyft-cuda-auto": ("darkred", "o", "-"), "polyft-cuda-original": ("navy", "s", "--"),
+    "numpy-eager": ("tab:gray", "x", ":"),
+    "torch-cell-loop": ("tab:orange", "^", "-"), "torch-nn-lstm": ("tab:green", "D", "-"),
+    "torch-matmul": ("tab:orange", "^", "-"), "torch-sdpa": ("tab:orange", "^", "-"),
+    "torch-blocked": ("tab:orange", "^", "-"),
+    "torch-cell-loop-cuda": ("tab:brown", "v", "-"), "torch-nn-lstm-cuda": ("darkgreen", "D", "-"),
+    "torch-matmul-cuda": ("tab:brown", "v", "-"), "torch-sdpa-cuda": ("tab:brown", "v", "-"),
+    "torch-blocked-cuda": ("tab:brown", "v", "-"), "torch-compile-cuda": ("tab:purple", "P", "-"),
+    "triton": ("tab:olive", "*", "-"),
+    "linear in depth (from c-auto)": ("black", "", ":"),
+    "linear in depth (from polyft-cuda-auto)": ("black", "", ":"),
+}
+OURS = ("polyft-cuda-auto", "c-auto")  # the system reported as polyft, first one present
+NOT_BASELINES = ("numpy-eager", "c-", "polyft-")  # eager numpy is the reference, not a baseline
+TITLES = {"stacked_rnn": "stacked RNN", "stacked_lstm": "stacked LSTM", "dilated_rnn": "dilated RNN",
+          "grid_rnn": "grid RNN", "b2b_gemm": "b2b GEMMs", "flash_attention": "flash attention",
+          "bigbird": "BigBird"}
+
+
+def _style(system):
+    return STYLE.get(system, ("black", ".", "-"))
+
+
+def _read(out_dir, name):
+    path = os.path.join(out_dir, name)
+    if not os.path.exists(path):
+        print(f"[plot] no {path}: skipped")
+        return None
+    return pd.read_csv(path)
+
+
+def _ok(df):
+    return df[df["status"] == "ok"]
+
+
+def _where(df) -> str:
+    """'CPU: <device>, N threads, preset P, commit C' from the measured rows."""
+    ok = _ok(df)
+    devices = ", ".join(sorted(set(ok["device"])))
+    threads = ", ".join(str(t) for t in sorted(set(ok["threads"]))) if "threads" in ok else "?"
+    return (f"{devices}; {threads} CPU thread(s); preset {', '.join(sorted(set(df['preset'])))}; "
+            f"commit {', '.join(sorted(set(df['commit'].astype(str))))}; median of {int(ok['repeats'].max())}, "
+            f"bars min-max")
+
+
+def _absent_note(df) -> str:
+    gone = df[df["status"] != "ok"].drop_duplicates("system")
+    if gone.empty:
+        return ""
+    parts = [f"{r.system} ({r.status.split(':', 1)[-1].strip()})" for r in gone.itertuples()]
+    return "not measured: " + "; ".join(parts)
+
+
+def _footer(fig, df):
+    note = _absent_note(df)
+    text = _where(df) + ("\n" + _wrap(note, 170) if note else "")
+    fig.text(0.01, 0.005, text, fontsize=6.5, va="bottom", ha="left", color="dimgray")
+
+
+def _wrap(text, width):
+    words, lines, line = text.split(" "), [], ""
+    for w in words:
+        if len(line) + len(w) + 1 > width:
+            lines.append(line)
+            line = w
+        else:
+            line = f"{line} {w}".strip()
+    return "\n".join(lines + [line])
+
+
+def _log_y(ax):
+    """Log time axis labelled with plain numbers (1, 10, 100), no minor labels."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def _lines(ax, df, x):
+    """One line per system: median time (ms) against column x, min-max as error bars."""
+    for system, g in _ok(df).groupby("system", sort=False):
+        g = g.sort_values(x)
+        color, marker, ls = _style(system)
+        med = g["seconds"] * 1e3
+        err = [med - g["seconds_min"] * 1e3, g["seconds_max"] * 1e3 - med]
+        ax.errorbar(g[x], med, yerr=err, label=system, color=color, marker=marker, ls=ls, ms=4, lw=1.3,
+                    capsize=2, elinewidth=0.7)
+    ok = _ok(df)
+    ours = next((s for s in OURS if (ok["system"] == s).any()), None)
+    if x == "depth" and ours:  # what linear growth in depth would look like, from polyft's first point
+        g = ok[ok["system"] == ours].sort_values(x)
+        d0, t0 = g[x].iloc[0], g["seconds"].iloc[0] * 1e3
+        ax.plot(g[x], t0 * g[x] / d0, color="black", ls=(0, (1, 3)), lw=1, label=f"linear in depth (from {ours})")
+    _log_y(ax)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.set_xticks(sorted(set(df[x])))
+
+
+def _legend(fig, axes, y=0.955, ncol=6):
+    """One legend for the figure; systems drawn alike (the torch baselines of different
+    workloads) share one entry, their names joined."""
+    handles = {}
+    for ax in np.ravel(axes):
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    merged = {}
+    for lab, h in handles.items():
+        merged.setdefault(_style(lab), []).append((lab, h))
+    labels = [" / ".join(lab for lab, _ in group) for group in merged.values()]
+    fig.legend([group[0][1] for group in merged.values()], labels, loc="upper center",
+               ncol=min(len(labels), ncol), fontsize=8, frameon=False, bbox_to_anchor=(0.5, y))
+
+
+def _common_shape(g, drop) -> str:
+    """The sizes shared by every row of g, without the swept ones."""
+    shapes = [dict(kv.split("=") for kv in s.split()) for s in g["shape"]]
+    keys = [k for k in shapes[0] if k not in drop and all(s.get(k) == shapes[0][k] for s in shapes)]
+    return " ".join(f"{k}={shapes[0][k]}" for k in keys)
+
+
+def plot_fig2(df, out_dir) -> str:
+    workloads = list(dict.fromkeys(df["workload"]))
+    fig, axes = plt.subplots(1, len(workloads), figsize=(5.2 * len(workloads), 4.4), squeeze=False)
+    for ax, w in zip(axes[0], workloads):
+        g = df[df["workload"] == w]
+        _lines(ax, g, "depth")
+        ax.set_title(f"{TITLES.get(w, w)} ({_common_shape(g, ['D'])})", fontsize=10)
+        ax.set_xlabel("stack depth (layers)")
+        ax.set_ylabel("time (ms, log)")
+    fig.suptitle("Figure 2: time against stack depth (median, min-max bars)", fontsize=11, y=0.995)
+    _legend(fig, axes, y=0.94)
+    _footer(fig, df)
+    fig.tight_layout(rect=(0, 0.08, 1, 0.9))
+    return _save(fig, out_dir, "fig2.png")
+
+
+def plot_fig8(df, out_dir) -> str:
+    workloads = list(dict.fromkeys(df["workload"]))
+    cols = [(m, p) for m in dict.fromkeys(df["model"]) for p in ("depth", "seq_len")]
+    fig, axes = plt.subplots(len(workloads), len(cols), figsize=(3.6 * len(cols), 2.9 * len(workloads) + 1.0),
+                             squeeze=False)
+    for r, w in enumerate(workloads):
+        for c, (model, panel) in enumerate(cols):
+            ax = axes[r][c]
+            g = df[(df["workload"] == w) & (df["model"] == model) & (df["panel"] == panel)]
+            if g.empty:
+                ax.set_visible(False)
+                continue
+            _lines(ax, g, panel)
+            swept = ["D"] if panel == "depth" else ["L", "L1", "L2"]
+            ax.set_title(f"{TITLES.get(w, w)}, {model}\n{_common_shape(g, swept)}", fontsize=8.5)
+            ax.set_xlabel("stack depth (layers)" if panel == "depth" else
+                          ("grid side L1 = L2" if w == "grid_rnn" else "sequence length"), fontsize=8)
+            if c == 0:
+                ax.set_ylabel("time (ms, log)", fontsize=8)
+            ax.tick_params(labelsize=7.5)
+    fig.suptitle("Figure 8: scaling with depth and sequence length (\"middle\" and \"large\" models)",
+                 fontsize=11, y=0.997)
+    _legend(fig, axes, y=0.975)
+    _footer(fig, df)
+    fig.tight_layout(rect=(0, 0.035, 1, 0.955))
+    return _save(fig, out_dir, "fig8.png")
+
+
+def speedups(df) -> pd.DataFrame:
+    """Per workload: polyft's system (OURS) against the fastest baseline (not eager numpy)."""
+    rows = []
+    for w, g in _ok(df).groupby("workload", sort=False):
+        ours = next((g[g["system"] == s].iloc[0] for s in OURS if (g["system"] == s).any()), None)
+        base = g[~g["system"].str.startswith(NOT_BASELINES)].sort_values("seconds")
+        if ours is None or base.empty:
+            continue
+        best = base.iloc[0]
+        rows.append(dict(workload=w, shape=ours["shape"], polyft=ours["system"], polyft_seconds=ours["seconds"],
+                         best_baseline=best["system"], baseline_seconds=best["seconds"],
+                         speedup=best["seconds"] / ours["seconds"], device=ours["device"]))
+    return pd.DataFrame(rows)
+
+
+def plot_fig7(df, out_dir) -> list:
+    ok = _ok(df)
+    workloads = list(dict.fromkeys(df["workload"]))
+    order = list(dict.fromkeys(ok["system"]))
+    most = max((ok["workload"] == w).sum() for w in workloads)
+    width = 0.84 / max(most, 1)
+    fig, ax = plt.subplots(figsize=(12, 5.6))
+    for i, w in enumerate(workloads):  # the systems measured for w, side by side around x = i
+        g = ok[ok["workload"] == w].set_index("system").loc[[s for s in order if s in set(ok[ok["workload"] == w]["system"])]]
+        for k, (system, r) in enumerate(g.iterrows()):
+            color, _, _ = _style(system)
+            med = r["seconds"] * 1e3
+            ax.bar(i + (k - (len(g) - 1) / 2) * width, med, width * 0.92, color=color, label=system,
+                   yerr=[[med - r["seconds_min"] * 1e3], [r["seconds_max"] * 1e3 - med]], capsize=1.5,
+                   error_kw=dict(elinewidth=0.6, ecolor="black"), hatch="//" if system.endswith("original") else None,
+                   edgecolor="white", lw=0.3)
+    sp = speedups(df)
+    for i, w in enumerate(workloads):
+        row = sp[sp["workload"] == w]
+        if len(row):
+            r = row.iloc[0]
+            top = ok[ok["workload"] == w]["seconds_max"].max() * 1e3
+            ax.text(i, top * 1.5, f"{r['polyft']}\n{r['speedup']:.2f}x vs\n{r['best_baseline']}", ha="center",
+                    va="bottom", fontsize=7.5, color="darkred" if r["speedup"] >= 1 else "black")
+    _log_y(ax)
+    ax.set_xticks(range(len(workloads)))
+    ax.set_xticklabels([f"{TITLES.get(w, w)}\n{_wrap(ok[ok['workload'] == w]['shape'].iloc[0], 17)}"
+                        for w in workloads], fontsize=7)
+    ax.set_ylabel("time (ms, log)")
+    ax.set_ylim(top=ok["seconds_max"].max() * 1e3 * 12)
+    ax.grid(True, axis="y", which="major", alpha=0.3)
+    fig.suptitle("Figure 7: end-to-end time per workload and system; above each workload: polyft's speedup "
+                 "over the fastest baseline\n(eager numpy is the reference, not a baseline; <1x means the "
+                 "baseline is faster)", fontsize=10, y=0.995)
+    _legend(fig, [ax], y=0.925, ncol=5)
+    _footer(fig, df)
+    fig.subplots_adjust(left=0.06, right=0.99, top=0.865, bottom=0.22)
+    sp_path = os.path.join(out_dir, "fig7_speedup.csv")
+    sp.to_csv(sp_path, index=False)
+    return [_save(fig, out_dir, "fig7.png"), sp_path]
+
+
+def plot_table7(df, out_dir) -> str:
+    piv = df.pivot_table(index="workload", columns="plan", values="GB", sort=False)
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    x = np.arange(len(piv))
+    for k, (plan, color) in enumerate((("deferred", "tab:red"), ("materialised", "tab:gray"))):
+        ax.bar(x + (k - 0.5) * 0.38, piv[plan], 0.36, label=f"{plan} views", color=color)
+    for i, (w, r) in enumerate(piv.iterrows()):
+        ax.text(i, max(r) + piv.values.max() * 0.015, f"{r['materialised'] / r['deferred']:.2f}x", ha="center",
+                va="bottom", fontsize=8)
+    ax.set_xticks(x)
+    ax.set_xticklabels([TITLES.get(w, w) + ("\n(Table 7)" if w in ("bigbird", "flash_attention") else "")
+                        for w in piv.index], fontsize=8)
+    ax.set_ylabel("GB moved (model)")
+    ax.set_ylim(top=piv.values.max() * 1.12)
+    ax.legend(fontsize=8)
+    from .table7 import PAPER_DRAM
+    paper = "; ".join(f"{TITLES[w]}: " + ", ".join(f"{k} {v / d['FractalTensor']:.2f}x" for k, v in d.items()
+                                                   if k != "FractalTensor") for w, d in PAPER_DRAM.items())
+    ax.set_title("Table 7 (model): bytes moved with deferred vs materialised views, paper shapes; ratio "
+                 "materialised / deferred\nabove each workload (ideal cache, float32). The paper's measured "
+                 "A100 DRAM bytes relative to FractalTensor:\n" + paper, fontsize=8.5)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, out_dir, "table7.png")
+
+
+def depth_scaling(frames: dict) -> pd.DataFrame:
+    """time(deepest) / time(shallowest) per (artefact, workload, model, system), from the
+    depth sweeps (fig2; fig8's depth panels)."""
+    rows = []
+    for artefact, df in frames.items():
+        if df is None:
+            continue
+        df = _ok(df)
+        if "panel" in df:
+            df = df[df["panel"] == "depth"]
+        model = df["model"] if "model" in df else pd.Series("-", index=df.index)
+        for (w, m, s), g in df.assign(model=model).groupby(["workload", "model", "system"], sort=False):
+            lo, hi = g.loc[g["depth"].idxmin()], g.loc[g["depth"].idxmax()]
+            if lo["depth"] == hi["depth"]:
+                continue
+            rows.append(dict(artefact=artefact, workload=w, model=m, shape=_common_shape(g, ["D"]), system=s,
+                             depth_min=int(lo["depth"]), depth_max=int(hi["depth"]), seconds_at_min=lo["seconds"],
+                             seconds_at_max=hi["seconds"], ratio=hi["seconds"] / lo["seconds"],
+                             linear_ratio=hi["depth"] / lo["depth"], device=lo["device"]))
+    return pd.DataFrame(rows)
+
+
+def _save(fig, out_dir, name) -> str:
+    path = os.path.join(out_dir, name)
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
+def run(out_dir: str = "results") -> list:
+    """Draw every plot whose CSV exists; write the derived CSVs; return the files written."""
+    written = []
+    fig2, fig7, fig8, table7 = (_read(out_dir, f"{n}.csv") for n in ("fig2", "fig7", "fig8", "table7"))
+    if fig2 is not None:
+        written.append(plot_fig2(fig2, out_dir))
+    if fig7 is not None:
+        written += plot_fig7(fig7, out_dir)
+        print(speedups(fig7).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    if fig8 is not None:
+        written.append(plot_fig8(fig8, out_dir))
+    if table7 is not None:
+        written.append(plot_table7(table7, out_dir))
+    ds = depth_scaling({"fig2": fig2, "fig8": fig8})
+    if len(ds):
+        path = os.path.join(out_dir, "depth_scaling.csv")
+        ds.to_csv(path, index=False)
+        written.append(path)
+        print("depth scaling: time(deepest) / time(depth 1); linear growth would be depth_max "
+              "(paper's baselines at depth 20: cuDNN 12.99, TVM 16.65, PyTorch JIT 20.94, TF 21.20)")
+        print(ds[["artefact", "workload", "model", "system", "depth_max", "ratio"]]
+              .to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    for path in written:
+        print(f"[plot] wrote {path}")
+    return written
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="results", help="the results folder (default: results)")
+    args = ap.parse_args()
+    run(args.out)
+    from .reproduce import write_index
+    print(f"[plot] wrote {write_index(args.out)}")
