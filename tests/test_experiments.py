@@ -1,0 +1,173 @@
+"""The experiment layer: sweep configs, the measuring machinery, plots from CSVs, the index."""
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from experiments import cpu_rnn, fig2, fig7, fig8, measure, plot, reproduce, table7
+from polyft.workloads import WORKLOADS
+
+SWEEPS = {"cpu_rnn": cpu_rnn, "fig2": fig2, "fig7": fig7, "fig8": fig8}
+
+
+@pytest.mark.parametrize("preset", ["quick", "paper"])
+@pytest.mark.parametrize("name", sorted(SWEEPS))
+def test_sweep_configs_are_well_formed(name, preset):
+    points = SWEEPS[name].points(preset)
+    assert points
+    for p in points:
+        mod = WORKLOADS[p.workload]
+        full = measure.full_sizes(p.workload, mod.PRESETS, "small", p.sizes)  # unknown size names raise
+        mod.specs("small", **p.sizes)
+        if p.workload == "dilated_rnn":
+            assert full["L"] % 2 ** (full["D"] - 1) == 0
+        if "depth" in p.extra:
+            assert p.extra["depth"] == full["D"]
+        if preset == "quick":  # quick points are checked against eager numpy, and stay small
+            assert measure.instances(p.workload, p.sizes) <= measure.EAGER_LIMIT
+    if name in ("fig2", "fig8"):  # depth sweeps start at depth 1: the depth-scaling ratio
+        assert min(p.extra["depth"] for p in points) == 1
+    if name == "fig7":
+        assert [p.workload for p in points] == list(WORKLOADS)
+    if name == "fig8":
+        assert {(p.extra["model"], p.extra["panel"]) for p in points} == {
+            (m, k) for m in ("middle", "large") for k in ("depth", "seq_len")}
+
+
+def test_quick_inputs_build():
+    for name in ("fig7", "fig8"):
+        for p in SWEEPS[name].points("quick"):
+            WORKLOADS[p.workload].inputs("small", seed=1, **p.sizes)  # divisibility and sizes hold
+
+
+def test_measure_checks_times_and_reports_absent_systems():
+    rows = measure.measure("stacked_rnn", dict(N=2, H=8, L=4, D=2), repeats=2)
+    by = {r["system"]: r for r in rows}
+    assert list(by) == [s.name for s in measure.systems("stacked_rnn")]
+    for name in ("numpy-eager", "c-original", "c-auto", "torch-cell-loop"):
+        assert by[name]["status"] == "ok" and by[name]["seconds"] > 0 and by[name]["repeats"] == 2
+        assert by[name]["seconds_min"] <= by[name]["seconds"] <= by[name]["seconds_max"]
+    assert by["c-auto"]["checked_against"] == "numpy-eager" and by["c-auto"]["rel_error"] < 1e-4
+    assert by["triton"]["status"].startswith("absent:") and "not implemented" in by["triton"]["status"]
+    if not measure.gpu_available():
+        for name in ("polyft-cuda-auto", "torch-cell-loop-cuda", "torch-compile-cuda"):
+            assert by[name]["status"].startswith("absent: no GPU") and np.isnan(by[name]["seconds"])
+    for r in rows:
+        assert {"workload", "shape", "system", "device", "seconds", "commit", "date", "preset", "status"} <= set(r)
+
+
+def test_a_wrong_system_is_a_row_and_fails_the_sweep(tmp_path, monkeypatch):
+    real = measure.systems
+
+    def with_a_wrong_one(workload):
+        out = real(workload)
+        import experiments.baselines as bl
+
+        def wrong(inputs, workload=None, sizes=None):
+            return bl.Baseline(lambda: None, lambda: np.zeros((2, 2, 4, 1, 8), np.float32))
+        return out + [measure.System("broken", "cpu", wrong)]
+    monkeypatch.setattr(measure, "systems", with_a_wrong_one)
+    with pytest.raises(AssertionError, match="disagree"):
+        measure.sweep("t", [measure.Point("stacked_rnn", dict(N=2, H=8, L=4, D=2))], "quick", str(tmp_path), 1)
+    df = pd.read_csv(tmp_path / "t.csv")  # written before failing
+    assert df.set_index("system").loc["broken", "status"].startswith("wrong: rel error")
+
+
+def test_eager_is_skipped_beyond_the_limit_and_a_torch_baseline_is_the_reference(monkeypatch):
+    monkeypatch.setattr(measure, "EAGER_LIMIT", 1)
+    by = {r["system"]: r for r in measure.measure("stacked_lstm", dict(N=2, H=8, L=3, D=2), repeats=1)}
+    assert by["numpy-eager"]["status"].startswith("skipped")
+    assert by["c-auto"]["checked_against"] == "torch-cell-loop (cpu)" and by["c-auto"]["rel_error"] < 1e-4
+    assert by["torch-nn-lstm"]["status"] == "ok"  # compared with the top layer of the reference
+
+
+def _timing_rows(workload, system, depths, base_ms, per_layer_ms, **extra):
+    return [dict(workload=workload, shape=f"N=2 H=8 L=4 D={d}", depth=d, system=system, status="ok",
+                 device="cpu", seconds=(base_ms + per_layer_ms * d) / 1e3, seconds_min=(base_ms + per_layer_ms * d) / 1e3,
+                 seconds_max=(base_ms + per_layer_ms * d) / 1e3, repeats=3, threads=2, preset="quick",
+                 commit="abc", date="2024-01-01", **extra) for d in depths]
+
+
+def test_plots_are_drawn_from_csvs(tmp_path):
+    rows = _timing_rows("stacked_rnn", "c-auto", (1, 4, 8), 1.0, 0.25) + \
+        _timing_rows("stacked_rnn", "torch-cell-loop", (1, 4, 8), 0.0, 2.0)
+    rows.append(dict(rows[0], system="triton", status="absent: no GPU", seconds=np.nan))
+    pd.DataFrame(rows).to_csv(tmp_path / "fig2.csv", index=False)
+    fig7_rows = [dict(r, workload=w, depth=np.nan) for w in ("stacked_rnn", "bigbird") for r in (
+        _timing_rows(w, "c-auto", (1,), 1.0, 1.0)[0], _timing_rows(w, "torch-blocked", (1,), 5.0, 1.0)[0],
+        _timing_rows(w, "numpy-eager", (1,), 0.5, 0.0)[0])]
+    pd.DataFrame(fig7_rows).to_csv(tmp_path / "fig7.csv", index=False)
+    fig8_rows = []
+    for model in ("middle", "large"):
+        fig8_rows += _timing_rows("grid_rnn", "c-auto", (1, 2), 1.0, 1.0, model=model, panel="depth", seq_len=4)
+        fig8_rows += [dict(r, depth=2, seq_len=r["depth"]) for r in _timing_rows(
+            "grid_rnn", "c-auto", (4, 8), 1.0, 1.0, model=model, panel="seq_len")]
+    pd.DataFrame(fig8_rows).to_csv(tmp_path / "fig8.csv", index=False)
+    pd.DataFrame([dict(workload="bigbird", plan=p, GB=g) for p, g in (("deferred", 1.0), ("materialised", 2.5))]) \
+        .to_csv(tmp_path / "table7.csv", index=False)
+
+    written = plot.run(str(tmp_path))
+    for name in ("fig2.png", "fig7.png", "fig8.png", "table7.png", "fig7_speedup.csv", "depth_scaling.csv"):
+        assert str(tmp_path / name) in written and os.path.getsize(tmp_path / name) > 0
+    sp = pd.read_csv(tmp_path / "fig7_speedup.csv").set_index("workload")
+    assert sp.loc["bigbird", "best_baseline"] == "torch-blocked"  # eager numpy is not a baseline
+    assert sp.loc["bigbird", "speedup"] == pytest.approx(6.0 / 2.0)
+    ds = pd.read_csv(tmp_path / "depth_scaling.csv")
+    fig2_ratio = ds[(ds["artefact"] == "fig2")].set_index("system")["ratio"]
+    assert fig2_ratio["c-auto"] == pytest.approx(3.0 / 1.25)
+    assert fig2_ratio["torch-cell-loop"] == pytest.approx(8.0)
+    assert "triton" not in set(ds["system"])
+    assert set(ds[ds["artefact"] == "fig8"]["model"]) == {"middle", "large"}
+
+
+def test_plot_skips_missing_csvs(tmp_path):
+    assert plot.run(str(tmp_path)) == []
+
+
+def test_index_lists_every_file(tmp_path):
+    for f in ("fig2.csv", "fig2.png", "mystery.bin"):
+        (tmp_path / f).write_text("x")
+    path = reproduce.write_index(str(tmp_path))
+    text = open(path).read()
+    for f in ("fig2.csv", "fig2.png", "mystery.bin", "README.md"):
+        assert f"| {f} |" in text
+    assert "| mystery.bin | ? | not in the registry" in text
+    assert "table7.csv" in text.split("Not here yet")[1]
+
+
+def test_registry_describes_every_file_the_artefacts_write():
+    files = reproduce.described()
+    assert {"fig2.csv", "fig7.csv", "fig8.csv", "table7.csv", "fig2.png", "fig7.png", "fig8.png",
+            "table7.png", "depth_scaling.csv"} <= set(files)
+    for name, a in reproduce.ARTEFACTS.items():
+        assert a.files, name
+    results = os.path.join(os.path.dirname(__file__), "..", "results")
+    present = set(os.listdir(results))
+    assert present <= set(files), f"results/ files missing from the registry: {present - set(files)}"
+    with open(os.path.join(results, "README.md")) as f:  # the committed index is current
+        assert f.read() == reproduce.index_text(results)
+
+
+def test_reproduce_refuses_unknown_artefacts():
+    from polyft.errors import PolyftError
+    with pytest.raises(PolyftError, match="unknown artefacts"):
+        reproduce.reproduce(["fig99"])
+
+
+def test_table7_ncu_fails_clearly_without_a_gpu(capsys, tmp_path):
+    if not table7._ncu_available():
+        pytest.skip("a GPU and ncu are here")
+    assert table7.main(["--ncu", "--out", str(tmp_path)]) == 2
+    assert "needs an NVIDIA GPU and Nsight Compute" in capsys.readouterr().err
+    assert not (tmp_path / "table7.csv").exists()
+
+
+def test_table7_model_rows(tmp_path):
+    df = table7.run("quick", str(tmp_path))
+    big = df[df["workload"] == "bigbird"].set_index("plan")
+    assert big.loc["materialised", "ratio_to_deferred"] > 2 and big.loc["deferred", "views"] > 0
+    fa = df[df["workload"] == "flash_attention"].set_index("plan")
+    assert fa.loc["materialised", "bytes"] == fa.loc["deferred", "bytes"]
+    assert set(df["workload"]) == set(WORKLOADS)
+    assert "Table 7 (model)" in (tmp_path / "table7.txt").read_text()
