@@ -109,8 +109,9 @@ def rnn_cell_loop(xss, ws, device="cpu", compile=False) -> Baseline:
     return _baseline(run, lambda r: r[:, :, :, None, :])
 
 
-def lstm_cell_loop(xss, wss, uss, bss, device="cpu", compile=False) -> Baseline:
-    """stacked_lstm: for each layer, for each step, one batched LSTM cell; every layer's h, c."""
+def _lstm_stack(xss, wss, uss, bss, device, compile, dilated):
+    """A call returning every layer's (hs, cs) [N, L, H]; layer k's step t reads the state of
+    step t - 1 (stacked LSTM) or t - 2**k (dilated), zeros before the start."""
     t = _torch()
     (x0,) = _on(device, _sequence(xss))
     layers = [_on(device, *g) for g in _layers(wss, uss, bss)]
@@ -118,18 +119,29 @@ def lstm_cell_loop(xss, wss, uss, bss, device="cpu", compile=False) -> Baseline:
     N, L, H = x0.shape
 
     def run():
-        x, hs_all, cs_all = x0, [], []
-        for W, U, b in layers:
-            h, c = t.zeros(N, H, device=device), t.zeros(N, H, device=device)
+        x, out = x0, []
+        for k, (W, U, b) in enumerate(layers):
+            d, zero = 2 ** k if dilated else 1, t.zeros(N, H, device=device)
             hs, cs = [], []
             for step in range(L):
-                h, c = cell(x[:, step], h, c, W, U, b)
+                h0, c0 = (hs[step - d], cs[step - d]) if step >= d else (zero, zero)
+                h, c = cell(x[:, step], h0, c0, W, U, b)
                 hs.append(h)
                 cs.append(c)
             x = t.stack(hs, 1)
-            hs_all.append(x)
-            cs_all.append(t.stack(cs, 1))
-        return t.stack(hs_all, 1), t.stack(cs_all, 1)
+            out.append((x, t.stack(cs, 1)))
+        return out
+    return run
+
+
+def lstm_cell_loop(xss, wss, uss, bss, device="cpu", compile=False) -> Baseline:
+    """stacked_lstm: for each layer, for each step, one batched LSTM cell; every layer's h, c."""
+    t = _torch()
+    layers = _lstm_stack(xss, wss, uss, bss, device, compile, dilated=False)
+
+    def run():
+        out = layers()
+        return t.stack([h for h, _ in out], 1), t.stack([c for _, c in out], 1)
     return _baseline(run, lambda r: (r[0][:, :, :, None, :], r[1][:, :, :, None, :]))
 
 
@@ -160,25 +172,8 @@ def nn_lstm(xss, wss, uss, bss, device="cpu", compile=False) -> Baseline:
 
 def dilated_cell_loop(xss, wss, uss, bss, device="cpu", compile=False) -> Baseline:
     """dilated_rnn: layer k's step t reads the state of step t - 2**k; batched over N."""
-    t = _torch()
-    (x0,) = _on(device, _sequence(xss))
-    layers = [_on(device, *g) for g in _layers(wss, uss, bss)]
-    cell = _compiled(_lstm_cell, compile)
-    N, L, H = x0.shape
-
-    def run():
-        x = x0
-        for k, (W, U, b) in enumerate(layers):
-            d, zero = 2 ** k, t.zeros(N, H, device=device)
-            hs, cs = [], []
-            for step in range(L):
-                h0, c0 = (hs[step - d], cs[step - d]) if step >= d else (zero, zero)
-                h, c = cell(x[:, step], h0, c0, W, U, b)
-                hs.append(h)
-                cs.append(c)
-            x = t.stack(hs, 1)
-        return x
-    return _baseline(run, lambda r: r[:, :, None, :])
+    layers = _lstm_stack(xss, wss, uss, bss, device, compile, dilated=True)
+    return _baseline(lambda: layers()[-1][0], lambda r: r[:, :, None, :])
 
 
 def grid_cell_loop(xss, yss, wx, wy, ws, u1s, u2s, bs, device="cpu", compile=False) -> Baseline:

@@ -171,3 +171,14 @@ def test_table7_model_rows(tmp_path):
     assert fa.loc["materialised", "bytes"] == fa.loc["deferred", "bytes"]
     assert set(df["workload"]) == set(WORKLOADS)
     assert "Table 7 (model)" in (tmp_path / "table7.txt").read_text()
+
+
+@pytest.mark.parametrize("workload", sorted(WORKLOADS))
+def test_every_torch_baseline_computes_the_workload(workload):
+    from polyft.testing import rel_error
+    mod = WORKLOADS[workload]
+    inputs = mod.inputs("small", seed=3)
+    eager = mod.program(*inputs)
+    for name, fn, _ in measure.TORCH[workload]:
+        b = fn(*inputs)
+        assert rel_error(b.result(), b.expected(eager)) < 1e-5, name
