@@ -4,7 +4,7 @@ warm-up, median of repeats). The paper's claim: with the parallelism across laye
 steps exposed, time must not grow linearly with depth (plot: results/fig2.png; the ratios
 time(deepest) / time(depth 1) per system: results/depth_scaling.csv).
 
-    --quick  CPU: batch 16, hidden 128, length 32, depth 1, 4, 8, 12, 16
+    --quick  CPU: batch 16, hidden 128, length 32, depth 1, 4, 8, ..., 32
     --paper  Table 6 / Figure 8 "middle": batch 256, hidden 256, length 64, depth 1, 4, ..., 32
 
 Writes results/fig2.csv (one row per workload, depth and system; GPU systems are rows with
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from .measure import Point, main, sweep
 
-SHAPES = {"quick": (dict(N=16, H=128, L=32), (1, 4, 8, 12, 16)),
-          "paper": (dict(N=256, H=256, L=64), (1, 4, 8, 12, 16, 20, 24, 28, 32))}
+DEPTHS = (1, 4, 8, 12, 16, 20, 24, 28, 32)  # the paper's: 1 to 32, every 4
+SHAPES = {"quick": (dict(N=16, H=128, L=32), DEPTHS), "paper": (dict(N=256, H=256, L=64), DEPTHS)}
 WORKLOADS = ("stacked_rnn", "stacked_lstm")
 
 

@@ -7,9 +7,10 @@
               "middle" and "large" models
 * table7.png  Table 7 (model): GB moved with deferred vs materialised views per workload
 * depth_scaling.csv  time(deepest) / time(depth 1) per system, from fig2 and fig8's depth
-              panels (the paper: with the parallelism exposed, time must not grow linearly
-              with depth; the paper's baselines at depth 20: cuDNN 12.99, TVM 16.65, PyTorch
-              JIT 20.94, TF AutoGraph 21.20)
+              panels, and time(depth 20) / time(depth 1) where depth 20 was measured (the
+              paper: with the parallelism exposed, time must not grow linearly with depth;
+              the paper's baselines at depth 20: cuDNN 12.99, TVM 16.65, PyTorch JIT 20.94,
+              TF AutoGraph 21.20)
 
 A CSV that is missing is skipped with a message. Only rows with status "ok" are drawn; the
 other systems (absent here) are named in a note under each figure.
@@ -71,7 +72,7 @@ def _where(df) -> str:
     ok = _ok(df)
     devices = ", ".join(sorted(set(ok["device"])))
     threads = ", ".join(str(t) for t in sorted(set(ok["threads"]))) if "threads" in ok else "?"
-    return (f"{devices}; {threads} CPU thread(s); preset {', '.join(sorted(set(df['preset'])))}; "
+    return (f"{devices}; threads per system: {threads}; preset {', '.join(sorted(set(df['preset'])))}; "
             f"commit {', '.join(sorted(set(df['commit'].astype(str))))}; median of {int(ok['repeats'].max())}, "
             f"bars min-max")
 
@@ -297,7 +298,10 @@ def depth_scaling(frames: dict) -> pd.DataFrame:
             rows.append(dict(artefact=artefact, workload=w, model=m, shape=_common_shape(g, ["D"]), system=s,
                              depth_min=int(lo["depth"]), depth_max=int(hi["depth"]), seconds_at_min=lo["seconds"],
                              seconds_at_max=hi["seconds"], ratio=hi["seconds"] / lo["seconds"],
-                             linear_ratio=hi["depth"] / lo["depth"], device=lo["device"]))
+                             linear_ratio=hi["depth"] / lo["depth"],
+                             ratio_at_20=(g.loc[g["depth"] == 20, "seconds"].iloc[0] / lo["seconds"]
+                                          if lo["depth"] == 1 and (g["depth"] == 20).any() else float("nan")),
+                             device=lo["device"]))
     return pd.DataFrame(rows)
 
 
@@ -328,7 +332,7 @@ def run(out_dir: str = "results") -> list:
         written.append(path)
         print("depth scaling: time(deepest) / time(depth 1); linear growth would be depth_max "
               "(paper's baselines at depth 20: cuDNN 12.99, TVM 16.65, PyTorch JIT 20.94, TF 21.20)")
-        print(ds[["artefact", "workload", "model", "system", "depth_max", "ratio"]]
+        print(ds[["artefact", "workload", "model", "system", "depth_max", "ratio", "ratio_at_20"]]
               .to_string(index=False, float_format=lambda v: f"{v:.2f}"))
     for path in written:
         print(f"[plot] wrote {path}")
