@@ -111,7 +111,7 @@ def _polyft(target: str, schedule: str):
         if key not in _COMPILED:
             _COMPILED[key] = ft.compile(mod.program, *specs, target=target, schedule=schedule)
         prog = _COMPILED[key]
-        go, fetch = prog.bind(*inputs)
+        go, _ = prog.bind(*inputs)
         return baselines.Baseline(go, lambda: prog(*inputs))
     return build
 
