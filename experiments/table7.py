@@ -120,12 +120,13 @@ def _ncu_available() -> str:
 def _ncu_bytes(csv_text: str) -> dict:
     """Sum each metric of ncu's --csv output over the kernels, in bytes."""
     unit = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12}
-    start = csv_text.find('"ID"')
-    if start < 0:
+    rows = [line for line in csv_text.splitlines() if line.startswith('"')]  # not the ==PROF== lines
+    if not rows or not rows[0].startswith('"ID"'):
         raise PolyftError(f"ncu printed no metrics:\n{csv_text[-2000:]}", op="table7")
-    df = pd.read_csv(io.StringIO(csv_text[start:]), thousands=",")
+    df = pd.read_csv(io.StringIO("\n".join(rows)), dtype=str)
     df = df[df["Metric Name"].isin(NCU_METRICS)]
-    df = df.assign(bytes=df["Metric Value"].astype(float) * df["Metric Unit"].map(unit))
+    value = df["Metric Value"].str.replace(",", "").astype(float)
+    df = df.assign(bytes=value * df["Metric Unit"].map(unit))
     return {NCU_METRICS[k]: v for k, v in df.groupby("Metric Name")["bytes"].sum().items()}
 
 

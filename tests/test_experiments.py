@@ -182,3 +182,18 @@ def test_every_torch_baseline_computes_the_workload(workload):
     for name, fn, _ in measure.TORCH[workload]:
         b = fn(*inputs)
         assert rel_error(b.result(), b.expected(eager)) < 1e-5, name
+
+
+def test_ncu_csv_is_summed_over_kernels_in_bytes():
+    text = "\n".join([
+        "==PROF== Connected to process 1 (python3)",
+        '"ID","Process ID","Kernel Name","Metric Name","Metric Unit","Metric Value"',
+        '"0","1","k1","dram__bytes.sum","Mbyte","1.5"',
+        '"0","1","k1","lts__t_bytes.sum","Kbyte","2,000.0"',
+        '"1","1","k2","dram__bytes.sum","byte","500"',
+        '"1","1","k2","l1tex__t_bytes.sum","Gbyte","1"',
+        '"1","1","k2","sm__cycles.sum","cycle","9"',
+        "==PROF== Disconnected from process 1"])
+    assert table7._ncu_bytes(text) == {"dram": 1.5e6 + 500, "l2": 2e6, "l1": 1e9}
+    with pytest.raises(Exception, match="no metrics"):
+        table7._ncu_bytes("==PROF== error")
