@@ -514,29 +514,6 @@ def test_table4_stride_gives_distance_s(s):
     assert prog.schedule.sequential_steps == L // s
 
 
-def test_table4_stride_through_depthwise_merge():
-    """If coarsening can merge the [map, scanl] dims of the strided nest depth-wise, the merged
-    dim must carry distance s; today depthwise_merge merges only dims with the same operator."""
-    coarsen = pytest.importorskip("schedule.coarsen")
-    if not hasattr(coarsen, "depthwise_merge"):
-        pytest.skip("schedule.coarsen has no depthwise_merge")
-    s, L = 3, 12
-
-    def prog_fn(xs):
-        return xs.strided_split(s).map(lambda sub: sub.scanl(lambda a, x: a * 0.5 + x, ft.zeros((1, 4))))
-
-    etdg = ft.trace(prog_fn, ft.spec("[L]float32[1, 4]"))
-    log = []
-    merged = coarsen.depthwise_merge(etdg, log, ops=("map", "scanl"))
-    if not log:
-        pytest.skip("depthwise_merge does not merge a map dim with a scanl dim (different operators); "
-                    "the distance s is checked on the flat index with ISL instead")
-    model = build(merged, {"L": L})
-    deps = analyze_deps(model)
-    (name,) = model.statements
-    assert deps.distances[name] == {(s,)}
-
-
 # -- hypothesis: random nests ------------------------------------------------------------------
 
 C22 = np.array([[0.6, -0.4], [0.3, 0.8]], dtype=np.float32)
