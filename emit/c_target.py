@@ -72,6 +72,24 @@ def context(layout: Layout, params) -> tuple:
     return cgen.Typedef(cgen.Struct("polyft_ctx", fields, declname="ctx_t")), buffer_ref
 
 
+def statement_functions(etdg, namer, buffer_ref, consts: dict, body_class, qualifiers: str, ctx_arg,
+                        check=None) -> list:
+    """One function per statement, `qualifiers name(dims..., ctx)`, whose body `body_class`
+    generates; `check(statement, body)` may reject a body (the CUDA target's shared memory)."""
+    functions = []
+    for st in etdg.statements:
+        names = {d: namer(d) for d in st.dims}
+        body = body_class(st.ops, lambda d, names=names: names[d], param_c, buffer_ref,
+                          lambda v: _const_name(consts, v))
+        lines = body.generate()
+        if check is not None:
+            check(st, body)
+        args = [cgen.Value("const long", names[d]) for d in st.dims] + [ctx_arg]
+        functions.append(cgen.FunctionBody(cgen.FunctionDeclaration(cgen.Value(qualifiers, st.name), args),
+                                           cgen.Block(lines)))
+    return functions
+
+
 def generate(model, schedule) -> tuple:
     """(C source, Layout) for `model` under `schedule`."""
     etdg = model.etdg
@@ -81,15 +99,8 @@ def generate(model, schedule) -> tuple:
     consts: dict = {}
     ctx, buffer_ref = context(layout, params)
 
-    functions = []
-    for st in etdg.statements:
-        names = {d: namer(d) for d in st.dims}
-        body = StatementBody(st.ops, lambda d: names[d], param_c, buffer_ref,
-                             lambda v: _const_name(consts, v)).generate()
-        args = [cgen.Value("const long", names[d]) for d in st.dims]
-        args.append(cgen.Pointer(cgen.Value("const ctx_t", "restrict c")))
-        functions.append(cgen.FunctionBody(
-            cgen.Static(cgen.FunctionDeclaration(cgen.Value("void", st.name), args)), cgen.Block(body)))
+    functions = statement_functions(etdg, namer, buffer_ref, consts, StatementBody, "static void",
+                                    cgen.Value("const ctx_t* restrict", "c"))
 
     ast = build_ast(schedule.map, model.context)
     code = to_cgen(ast, schedule.parallel,

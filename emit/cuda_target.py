@@ -21,7 +21,7 @@ from deps.model import _Namer
 from polyft.errors import CompileError
 
 from .ast import _children, build_ast, to_cgen
-from .c_target import Layout, _const_decl, _const_name, context, param_c
+from .c_target import Layout, _const_decl, context, statement_functions
 from .kernels import StatementBody, ctype
 
 THREADS = 256
@@ -108,9 +108,7 @@ class CudaStatementBody(StatementBody):
         x, s, _ = self._operand(op.inputs[0])
         self._decl(op)
         o = f"v{op.id}"
-        axis = op.attrs.get("axis")
-        axes = list(range(len(s))) if axis is None else [a % len(s) for a in np.atleast_1d(axis)]
-        keep = [d for d in range(len(s)) if d not in axes]
+        axes, keep = self._axes(op, s)
         red_shape = [s[d] for d in axes]
         n_red = math.prod(red_shape)
         f = self._f(op)
@@ -271,19 +269,12 @@ def generate(model, schedule, threads: int = THREADS) -> tuple:
     consts: dict = {}
     ctx, buffer_ref = context(layout, params)
 
-    functions = []
-    for st in etdg.statements:
-        names = {d: namer(d) for d in st.dims}
-        body = CudaStatementBody(st.ops, lambda d: names[d], param_c, buffer_ref,
-                                 lambda v: _const_name(consts, v))
-        lines = body.generate()
+    def fits(st, body):
         if body.shared_bytes > SHARED_LIMIT:
             raise CompileError(f"{st.name} keeps {body.shared_bytes} bytes of tiles in shared memory "
                                f"(limit {SHARED_LIMIT}); use smaller tiles", op="emit")
-        args = [cgen.Value("const long", names[d]) for d in st.dims]
-        args.append(cgen.Value("const ctx_t* __restrict__", "c"))
-        functions.append(cgen.FunctionBody(
-            cgen.FunctionDeclaration(cgen.Value("__device__ static void", st.name), args), cgen.Block(lines)))
+    functions = statement_functions(etdg, namer, buffer_ref, consts, CudaStatementBody, "__device__ static void",
+                                    cgen.Value("const ctx_t* __restrict__", "c"), fits)
 
     ast = build_ast(schedule.map, model.context)
     walker = _Kernels(schedule.parallel, lambda name, a: cgen.Statement(f"{name}({', '.join(a + ['c'])})"))

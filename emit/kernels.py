@@ -193,13 +193,18 @@ class StatementBody:
             f"{o}[{self._flat(op.shape, idx)}]",
             f"{x}[{self._flat(s, idx[:-2] + [idx[-1], idx[-2]])}]")], "_e"))
 
+    @staticmethod
+    def _axes(op, s) -> tuple:
+        """(reduced axes, kept axes) of a sum/max/mean over an input of shape s."""
+        axis = op.attrs.get("axis")
+        axes = list(range(len(s))) if axis is None else [a % len(s) for a in np.atleast_1d(axis)]
+        return axes, [d for d in range(len(s)) if d not in axes]
+
     def _reduce(self, op, init, step, finish=None):
         x, s, _ = self._operand(op.inputs[0])
         self._decl(op)
         o = f"v{op.id}"
-        axis = op.attrs.get("axis")
-        axes = list(range(len(s))) if axis is None else [a % len(s) for a in np.atleast_1d(axis)]
-        keep = [d for d in range(len(s)) if d not in axes]
+        axes, keep = self._axes(op, s)
 
         def body(idx):
             src = self._flat(s, idx)
