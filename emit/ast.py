@@ -7,6 +7,8 @@ a nest is handed to the target (`parallel_for`) to mark; statements become calls
 """
 from __future__ import annotations
 
+import re
+
 import cgen
 import islpy as isl
 
@@ -21,34 +23,133 @@ def _children(node):
     return [lst.get_at(i) for i in range(lst.n_ast_node())]
 
 
-def to_cgen(node: isl.AstNode, parallel: list, statement, parallel_for, inside_parallel=False):
-    """cgen for `node`. `statement(name, [C arg exprs])` gives a statement's code;
-    `parallel_for(loop)` wraps a parallel loop (e.g. with an OpenMP pragma)."""
+def to_cgen(node: isl.AstNode, parallel: list, statement, parallel_for, inside_parallel=False,
+            tiles=(), tile=None):
+    """cgen for `node`. `statement(name, [C arg exprs], tile)` gives a statement's code;
+    `parallel_for(loop)` wraps a parallel loop (e.g. with an OpenMP pragma). Loops whose
+    text is in `tiles` (loop -> tile size, from `tileable_loops`) advance a
+    tile at a time; statements inside get `tile = (argument position, C count)`."""
+    def sub(n, inside=inside_parallel, tl=tile):
+        return to_cgen(n, parallel, statement, parallel_for, inside, tiles, tl)
     t = node.get_type()
     if t == isl.ast_node_type.block:
-        return cgen.Block([to_cgen(c, parallel, statement, parallel_for, inside_parallel)
-                           for c in _children(node)])
+        return cgen.Block([sub(c) for c in _children(node)])
     if t == isl.ast_node_type.for_:
         it = node.for_get_iterator().get_id().get_name()
         level = int(it[1:])
         par = parallel[level] and not inside_parallel
-        body = to_cgen(node.for_get_body(), parallel, statement, parallel_for, inside_parallel or par)
-        loop = cgen.For(f"long {it} = {node.for_get_init().to_C_str()}", node.for_get_cond().to_C_str(),
-                        f"{it} += {node.for_get_inc().to_C_str()}", _block(body))
+        init = f"long {it} = {node.for_get_init().to_C_str()}"
+        if tiles and _loop_key(node) in tiles:
+            size = tiles[_loop_key(node)]
+            hi, inclusive = _upper(node, it)
+            count = f"{it}_n"
+            body = [cgen.Line(f"const long {count} = min({size}, {hi} - {it}{' + 1' if inclusive else ''});"),
+                    sub(node.for_get_body(), inside_parallel or par, (it, count))]
+            loop = cgen.For(init, node.for_get_cond().to_C_str(), f"{it} += {size}", cgen.Block(body))
+        else:
+            body = sub(node.for_get_body(), inside_parallel or par)
+            loop = cgen.For(init, node.for_get_cond().to_C_str(), f"{it} += {node.for_get_inc().to_C_str()}",
+                            _block(body))
         return parallel_for(loop) if par else loop
     if t == isl.ast_node_type.if_:
-        then = _block(to_cgen(node.if_get_then_node(), parallel, statement, parallel_for, inside_parallel))
-        other = (_block(to_cgen(node.if_get_else_node(), parallel, statement, parallel_for, inside_parallel))
-                 if node.if_has_else_node() else None)
+        then = _block(sub(node.if_get_then_node()))
+        other = _block(sub(node.if_get_else_node())) if node.if_has_else_node() else None
         return cgen.If(node.if_get_cond().to_C_str(), then, other)
     if t == isl.ast_node_type.user:
-        expr = node.user_get_expr()
-        name = expr.get_op_arg(0).get_id().get_name()
-        args = [expr.get_op_arg(k).to_C_str() for k in range(1, expr.get_op_n_arg())]
-        return statement(name, args)
+        name, args = _call(node)
+        return statement(name, args, (args.index(tile[0]), tile[1]) if tile else None)
     if t == isl.ast_node_type.mark:
-        return to_cgen(node.mark_get_node(), parallel, statement, parallel_for, inside_parallel)
+        return sub(node.mark_get_node())
     raise NotImplementedError(f"ISL AST node {t}")
+
+
+def _call(node):
+    expr = node.user_get_expr()
+    return (expr.get_op_arg(0).get_id().get_name(),
+            [expr.get_op_arg(k).to_C_str() for k in range(1, expr.get_op_n_arg())])
+
+
+def _tokens(expr: str) -> set:
+    return set(re.findall(r"[A-Za-z_]\w*", expr))
+
+
+def _upper(node, it) -> tuple:
+    """(C expression, inclusive) of a unit-stride loop's upper bound `it <= e` / `it < e`."""
+    cond = node.for_get_cond()
+    first = cond.get_op_arg(0)
+    if first.get_type() == isl.ast_expr_type.id and first.get_id().get_name() == it:
+        if cond.get_op_type() in (isl.ast_expr_op_type.le, isl.ast_expr_op_type.lt):
+            return cond.get_op_arg(1).to_C_str(), cond.get_op_type() == isl.ast_expr_op_type.le
+    return None, None
+
+
+def tileable_loops(node: isl.AstNode, parallel: list, size: int, benefit) -> dict:
+    """Loops to run a tile at a time: loop -> tile size. A candidate is a parallel loop (unit
+    stride, a plain upper bound) under which every statement gets the loop's iterator as a
+    plain argument and no bound or guard uses it; on each path at most one is chosen, the
+    one whose statements gain most (`benefit(statement, argument position)`, e.g. the work of
+    matmuls whose right matrix the tile shares), the innermost among equals.
+    A parallel loop carries no dependence, so running its body for a tile of iterations
+    statement by statement (and sinking it below inner loops) keeps every dependence."""
+    def calls(n):
+        t = n.get_type()
+        if t == isl.ast_node_type.user:
+            return [_call(n)]
+        if t == isl.ast_node_type.block:
+            return [c for k in _children(n) for c in calls(k)]
+        if t == isl.ast_node_type.for_:
+            return calls(n.for_get_body())
+        if t == isl.ast_node_type.if_:
+            return calls(n.if_get_then_node()) + (calls(n.if_get_else_node()) if n.if_has_else_node() else [])
+        return calls(n.mark_get_node()) if t == isl.ast_node_type.mark else []
+
+    def control(n):
+        """The loop bounds and guards below n (a tiled iterator must not appear in them)."""
+        t = n.get_type()
+        if t == isl.ast_node_type.block:
+            return [e for k in _children(n) for e in control(k)]
+        if t == isl.ast_node_type.for_:
+            return [n.for_get_init().to_C_str(), n.for_get_cond().to_C_str()] + control(n.for_get_body())
+        if t == isl.ast_node_type.if_:
+            return [n.if_get_cond().to_C_str()] + control(n.if_get_then_node()) + \
+                (control(n.if_get_else_node()) if n.if_has_else_node() else [])
+        return control(n.mark_get_node()) if t == isl.ast_node_type.mark else []
+
+    def visit(n) -> tuple:
+        """(chosen loops below or at n, their total benefit)."""
+        t = n.get_type()
+        kids = (_children(n) if t == isl.ast_node_type.block else
+                [n.if_get_then_node()] + ([n.if_get_else_node()] if n.if_has_else_node() else [])
+                if t == isl.ast_node_type.if_ else
+                [n.mark_get_node()] if t == isl.ast_node_type.mark else
+                [n.for_get_body()] if t == isl.ast_node_type.for_ else [])
+        chosen, gain = {}, 0
+        for k in kids:
+            c, g = visit(k)
+            chosen.update(c)
+            gain += g
+        if t != isl.ast_node_type.for_:
+            return chosen, gain
+        it = n.for_get_iterator().get_id().get_name()
+        body = n.for_get_body()
+        if not parallel[int(it[1:])] or n.for_get_inc().to_C_str() != "1" or _upper(n, it)[0] is None \
+                or it in _tokens(" ".join(control(body))):
+            return chosen, gain
+        here = calls(body)
+        if not all(args.count(it) == 1 and not any(it in _tokens(a) for a in args if a != it)
+                   for _, args in here):
+            return chosen, gain
+        mine = sum(benefit(name, args.index(it)) for name, args in here)
+        if mine > gain or not chosen:
+            return {_loop_key(n): size}, mine
+        return chosen, gain
+    return visit(node)[0]
+
+
+def _loop_key(node) -> str:
+    """Which loop: ISL reuses iterator names across sibling nests, so a loop is named by its
+    whole text (what decides whether it can be tiled is all in it)."""
+    return node.to_C_str()
 
 
 def _block(node):

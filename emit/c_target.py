@@ -9,11 +9,15 @@ import numpy as np
 
 from deps.model import _Namer
 
-from .ast import build_ast, to_cgen
-from .kernels import StatementBody, ctype, length_c
+from .ast import build_ast, tileable_loops, to_cgen
+from .kernels import StatementBody, ctype, length_c, shared_matmul_work
+
+TILE = 16  # instances of a parallel loop one call of a tiled statement runs
 
 PRELUDE = """#include <math.h>
 #include <stddef.h>
+#include <string.h>
+typedef float ft_vec __attribute__((vector_size(64)));  /* 16 floats: the GEMM micro-kernel's row */
 #define floord(n, d) (((n) < 0) ? -((-(n) + (d) - 1) / (d)) : (n) / (d))
 #define min(x, y) ((x) < (y) ? (x) : (y))
 #define max(x, y) ((x) > (y) ? (x) : (y))"""
@@ -73,19 +77,25 @@ def context(layout: Layout, params) -> tuple:
 
 
 def statement_functions(etdg, namer, buffer_ref, consts: dict, body_class, qualifiers: str, ctx_arg,
-                        check=None) -> list:
+                        check=None, tiled=()) -> list:
     """One function per statement, `qualifiers name(dims..., ctx)`, whose body `body_class`
-    generates; `check(statement, body)` may reject a body (the CUDA target's shared memory)."""
+    generates, and for each (name, dim position) in `tiled` a variant `name_t<pos>(dims...,
+    _nb, ctx)` running `_nb` consecutive values of that dim at once (StatementBody's batch);
+    `check(statement, body)` may reject a body (the CUDA target's shared memory)."""
     functions = []
-    for st in etdg.statements:
+    by_name = {st.name: st for st in etdg.statements}
+    for st, pos in [(st, None) for st in etdg.statements] + [(by_name[n], p) for n, p in sorted(tiled)]:
         names = {d: namer(d) for d in st.dims}
+        batch = (st.dims[pos], TILE) if pos is not None else None
         body = body_class(st.ops, lambda d, names=names: names[d], param_c, buffer_ref,
-                          lambda v: _const_name(consts, v))
+                          lambda v: _const_name(consts, v), batch=batch)
         lines = body.generate()
         if check is not None:
             check(st, body)
-        args = [cgen.Value("const long", names[d]) for d in st.dims] + [ctx_arg]
-        functions.append(cgen.FunctionBody(cgen.FunctionDeclaration(cgen.Value(qualifiers, st.name), args),
+        args = [cgen.Value("const long", names[d]) for d in st.dims]
+        args += [cgen.Value("const long", "_nb")] if pos is not None else []
+        name = st.name if pos is None else f"{st.name}_t{pos}"
+        functions.append(cgen.FunctionBody(cgen.FunctionDeclaration(cgen.Value(qualifiers, name), args + [ctx_arg]),
                                            cgen.Block(lines)))
     return functions
 
@@ -99,13 +109,21 @@ def generate(model, schedule) -> tuple:
     consts: dict = {}
     ctx, buffer_ref = context(layout, params)
 
-    functions = statement_functions(etdg, namer, buffer_ref, consts, StatementBody, "static void",
-                                    cgen.Value("const ctx_t* restrict", "c"))
-
     ast = build_ast(schedule.map, model.context)
-    code = to_cgen(ast, schedule.parallel,
-                   lambda name, a: cgen.Statement(f"{name}({', '.join(a + ['&ctx'])})"),
-                   lambda loop: cgen.Block([cgen.Pragma("omp parallel for"), loop]))
+    tiled = set()
+
+    def call(name, args, tile):
+        if tile is None:
+            return cgen.Statement(f"{name}({', '.join(args + ['&ctx'])})")
+        tiled.add((name, tile[0]))
+        return cgen.Statement(f"{name}_t{tile[0]}({', '.join(args + [tile[1], '&ctx'])})")
+    by_name = {st.name: st for st in etdg.statements}
+    tiles = tileable_loops(ast, schedule.parallel, TILE,
+                           lambda name, pos: shared_matmul_work(by_name[name].ops, by_name[name].dims[pos]))
+    code = to_cgen(ast, schedule.parallel, call, lambda loop: cgen.Block([cgen.Pragma("omp parallel for"), loop]),
+                   tiles=tiles)
+    functions = statement_functions(etdg, namer, buffer_ref, consts, StatementBody, "static void",
+                                    cgen.Value("const ctx_t* restrict", "c"), tiled=tiled)
     setup = [cgen.Line("ctx_t ctx;"), cgen.Line("const ctx_t* c = &ctx;")]
     setup += [cgen.Line(f"const long {p} = ctx.{p} = params[{k}];") for k, p in enumerate(params)]
     for k, b in enumerate(layout.buffers):

@@ -52,7 +52,7 @@ class CudaStatementBody(StatementBody):
 
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
-        self.shared_bytes = 0
+        self.shared_bytes = 0  # a block's threads share the tiles: no per-instance batching here
 
     def _decl(self, op):
         n = max(1, math.prod(op.shape))
@@ -70,7 +70,7 @@ class CudaStatementBody(StatementBody):
                         cgen.Block(body_fn(idx)))
 
     RESTRICT = "__restrict__"
-
+    VECTORS = False  # the CUDA matmul is its own (thread-parallel) kernel
     def _after(self, op):
         if op.op != "load":
             self.lines.append(cgen.Statement("__syncthreads()"))
@@ -96,7 +96,7 @@ class CudaStatementBody(StatementBody):
         P, K = sa
         Q = sb[1]
         self._decl(op)
-        o = f"v{op.id}"
+        o = self._ref(op)
         self.lines.append(cgen.For("int _f = threadIdx.x", f"_f < {P * Q}", "_f += blockDim.x", cgen.Block([
             cgen.Line(f"const int _p = _f / {Q}, _q = _f % {Q};"),
             cgen.Line(f"{ctype(op.dtype)} _acc = 0;"),
@@ -107,7 +107,7 @@ class CudaStatementBody(StatementBody):
         """One thread per output element, reducing sequentially over the reduced axes."""
         x, s, _ = self._operand(op.inputs[0])
         self._decl(op)
-        o = f"v{op.id}"
+        o = self._ref(op)
         axes, keep = self._axes(op, s)
         red_shape = [s[d] for d in axes]
         n_red = math.prod(red_shape)
@@ -277,7 +277,7 @@ def generate(model, schedule, threads: int = THREADS) -> tuple:
                                     cgen.Value("const ctx_t* __restrict__", "c"), fits)
 
     ast = build_ast(schedule.map, model.context)
-    walker = _Kernels(schedule.parallel, lambda name, a: cgen.Statement(f"{name}({', '.join(a + ['c'])})"))
+    walker = _Kernels(schedule.parallel, lambda name, a, tile=None: cgen.Statement(f"{name}({', '.join(a + ['c'])})"))
     walker.host_lines(ast, 1, [])
     kernels = []
     for k, args, lines in walker.kernels:

@@ -73,22 +73,70 @@ def cond_c(c: Constraint, dim, param) -> str:
     return f"{e} >= 0" if c.kind == "ge" else f"{e} == 0"
 
 
-class StatementBody:
-    """C code for one statement's operation nodes (in order)."""
+def depends_on(ops, d) -> set:
+    """The operations whose value (or, for stores, whose place) changes with dim d."""
+    out = set()
+    for op in ops:
+        if op.op == "load":
+            if any(d in ix.dims for pc in op.pieces for ix in pc.index) or \
+                    any(d in c.expr.dims for pc in op.pieces for c in pc.conds):
+                out.add(op)
+        elif op.op == "store" or any(isinstance(a, OpNode) and a in out for a in op.inputs):
+            out.add(op)
+    return out
 
-    def __init__(self, ops, dim, param, buffer_ref, const_ref):
+
+def shared_matmul_work(ops, d) -> int:
+    """Multiply-adds of matmuls whose left rows change with d while the right matrix does
+    not: what tiling dim d turns into matrix-matrix products with a reused right operand."""
+    dep = depends_on(ops, d)
+    work = 0
+    for op in ops:
+        if op.op == "matmul" and op in dep:
+            a, b = op.inputs
+            if isinstance(a, OpNode) and a in dep and not (isinstance(b, OpNode) and b in dep):
+                work += math.prod(a.shape) * np.shape(b[1] if isinstance(b, tuple) else np.empty(b.shape))[-1]
+    return work
+
+
+class StatementBody:
+    """C code for one statement's operation nodes (in order).
+
+    With `batch=(dim, TB)` the body runs `_nb <= TB` instances at once, `dim` taking the
+    values dim .. dim + _nb - 1 (a tile of a parallel loop): operations that depend on `dim`
+    keep one tile per instance (a leading axis of TB), the others are computed once, and a
+    matmul of per-instance rows by a shared matrix reuses each of its rows across the tile.
+    """
+
+    def __init__(self, ops, dim, param, buffer_ref, const_ref, batch=None):
         self.ops = ops
         self.dim = dim  # IterDim -> C name
         self.param = param  # parameter name -> C expression
         self.buffer_ref = buffer_ref  # (Buffer, [index C exprs]) -> C pointer expression
         self.const_ref = const_ref  # numpy array -> name of a static const array
+        self.batch = batch
+        self.batched: set = set()
+        self._in_batch = False  # generating the body of the per-instance `_b` loop
         self.lines: list = []
 
     # -- operands ---------------------------------------------------------------------
+    def _ref(self, op) -> str:
+        """C expression of an operation's value (this instance's, inside the `_b` loop)."""
+        if op not in self.batched or not self._in_batch:
+            return f"v{op.id}"
+        if op.op == "load":
+            return f"v{op.id}[_b]"
+        return f"(v{op.id} + _b*{max(1, math.prod(op.shape))})"
+
+    def _dim(self, d) -> str:
+        if self._in_batch and d is self.batch[0]:
+            return f"({self.dim(d)} + _b)"
+        return self.dim(d)
+
     def _operand(self, a):
         """(C name of a flat array, shape, dtype) for an op input."""
         if isinstance(a, OpNode):
-            return f"v{a.id}", a.shape, a.dtype
+            return self._ref(a), a.shape, a.dtype
         value = np.asarray(a[1])
         return self.const_ref(value), value.shape, value.dtype.name
 
@@ -122,17 +170,85 @@ class StatementBody:
         return " + ".join(reversed(terms)) or "0"
 
     def _decl(self, op):
-        self.lines.append(cgen.ArrayOf(cgen.POD(np.dtype(_np(op.dtype)), f"v{op.id}"),
-                                       max(1, math.prod(op.shape))))
+        if self._in_batch:
+            return  # declared once, before the `_b` loop
+        n = max(1, math.prod(op.shape)) * (self.batch[1] if op in self.batched else 1)
+        self.lines.append(cgen.ArrayOf(cgen.POD(np.dtype(_np(op.dtype)), f"v{op.id}"), n))
 
     # -- the operations ------------------------------------------------------------------
     RESTRICT = "restrict"
 
     def generate(self) -> list:
+        if self.batch is not None:
+            self.batched = self._depends_on_batch()
         for op in self.ops:
-            self._handler(op)(op)
+            if op in self.batched:
+                self._batched(op)
+            else:
+                self._handler(op)(op)
             self._after(op)
         return self.lines
+
+    def _depends_on_batch(self) -> set:
+        return depends_on(self.ops, self.batch[0])
+
+    def _batched(self, op):
+        """One tile per instance: declare for TB, then the operation inside `for _b < _nb`."""
+        if op.op == "load":
+            self.lines.append(cgen.Line(f"const {ctype(op.dtype)}* v{op.id}[{self.batch[1]}];"))
+        elif op.op != "store":
+            self._decl(op)
+        outer, self.lines = self.lines, []
+        self._in_batch = True
+        if op.op == "matmul" and not (isinstance(op.inputs[1], OpNode) and op.inputs[1] in self.batched):
+            body = self._matmul_shared_right(op)
+        else:
+            self._handler(op)(op)
+            body = [cgen.For("int _b = 0", "_b < _nb", "_b++", cgen.Block(self.lines))]
+        self._in_batch = False
+        self.lines = outer + body
+
+    def _matmul_shared_right(self, op) -> list:
+        """Rows of every instance times one shared matrix: one matrix-matrix product over all
+        the tile's rows, so each row of the shared matrix is loaded once per tile (the reuse a
+        GEMM gets) instead of once per instance."""
+        a_op, (b, sb, _) = op.inputs[0], self._operand(op.inputs[1])
+        P, K = a_op.shape
+        Q = sb[1]
+        a_row = (lambda r: f"v{a_op.id}[({r}) / {P}] + (({r}) % {P})*{K}") if a_op.op == "load" else \
+            (lambda r: f"v{a_op.id} + ({r})*{K}")
+        return self._gemm(f"_nb*{P}", K, Q, a_row, b, lambda r: f"v{op.id} + ({r})*{Q}", ctype(op.dtype))
+
+    MR, NR = 4, 16  # micro-kernel: 4 rows x 16 float columns of accumulators, kept in registers
+    VECTORS = True  # the target has the `ft_vec` vector type (GCC/Clang vector extensions)
+
+    def _gemm(self, nrows: str, K: int, Q: int, a_row, b: str, out_row, t: str) -> list:
+        """out[r, :] = a[r, :] @ b for r < nrows: a register-blocked micro-kernel (MR rows x
+        NR float columns in vector registers, accumulated over all of K, stored once) when NR
+        divides Q, else plain loops. `a_row(r)` / `out_row(r)` are C pointers to row r."""
+        MR, NR = self.MR, self.NR
+        if Q % NR or t != "float" or not self.VECTORS:
+            return [cgen.For("int _r = 0", f"_r < {nrows}", "_r++", cgen.Block([
+                cgen.Line(f"const {t}* restrict _a = {a_row('_r')};"),
+                cgen.Line(f"{t}* restrict _o = {out_row('_r')};"),
+                cgen.For("int _q = 0", f"_q < {Q}", "_q++", cgen.Assign("_o[_q]", "0")),
+                cgen.For("int _m = 0", f"_m < {K}", "_m++", cgen.For(
+                    "int _q = 0", f"_q < {Q}", "_q++", cgen.Line(f"_o[_q] += _a[_m] * {b}[_m*{Q} + _q];")))]))]
+        acc = [f"_c{i}" for i in range(MR)]
+        return [cgen.For("int _r0 = 0", f"_r0 < {nrows}", f"_r0 += {MR}", cgen.Block([
+            cgen.Line(f"const {t}* _a[{MR}]; {t}* _o[{MR}];"),
+            cgen.For("int _i = 0", f"_i < {MR}", "_i++", cgen.Block([
+                cgen.Line(f"const int _r = _r0 + _i < {nrows} ? _r0 + _i : _r0;  /* past the end: recompute, not stored */"),
+                cgen.Line(f"_a[_i] = {a_row('_r')}; _o[_i] = {out_row('_r')};")])),
+            cgen.For("int _q0 = 0", f"_q0 < {Q}", f"_q0 += {NR}", cgen.Block([
+                cgen.Line(f"ft_vec {', '.join(f'{c} = {{0}}' for c in acc)};"),
+                cgen.For("int _m = 0", f"_m < {K}", "_m++", cgen.Block([
+                    cgen.Line("ft_vec _w;"),
+                    cgen.Statement(f"memcpy(&_w, {b} + _m*{Q} + _q0, sizeof _w)")]
+                    + [cgen.Line(f"{c} += _a[{i}][_m] * _w;") for i, c in enumerate(acc)])),
+                cgen.For("int _i = 0", f"_i < {MR} && _r0 + _i < {nrows}", "_i++", cgen.Block([
+                    cgen.Line(f"const ft_vec _c = {' : '.join(f'_i == {i} ? {c}' for i, c in enumerate(acc[:-1]))} : {acc[-1]};"),
+                    cgen.Statement("memcpy(_o[_i] + _q0, &_c, sizeof _c)")]))]))]))]
 
     def _handler(self, op):
         handler = getattr(self, f"_op_{op.op}", None)
@@ -155,7 +271,7 @@ class StatementBody:
         self._decl(op)
         name, shape, _ = self._operand(op.inputs[0]) if op.inputs else (None, (), None)
         tmpl = _UNARY[op.op]
-        o = f"v{op.id}"
+        o = self._ref(op)
         self.lines.append(self._loops(op.shape, lambda idx: [cgen.Assign(
             f"{o}[{self._flat(op.shape, idx)}]",
             tmpl.format(x=self._at(name, shape, op.shape, idx) if name else "0", f=self._f(op)))], "_e"))
@@ -163,7 +279,7 @@ class StatementBody:
     def _binary(self, op):
         self._decl(op)
         (a, sa, _), (b, sb, _) = self._operand(op.inputs[0]), self._operand(op.inputs[1])
-        o = f"v{op.id}"
+        o = self._ref(op)
         tmpl = _BINARY[op.op]
         self.lines.append(self._loops(op.shape, lambda idx: [cgen.Assign(
             f"{o}[{self._flat(op.shape, idx)}]",
@@ -176,19 +292,15 @@ class StatementBody:
             raise CompileError(f"matmul of {list(sa)} and {list(sb)}: only 2-D tiles", op="emit", where=op.where)
         P, K = sa
         Q = sb[1]
-        o = f"v{op.id}"
+        o = self._ref(op)
         self._decl(op)
-        self.lines.append(cgen.For("int _p = 0", f"_p < {P}", "_p++", cgen.Block([
-            cgen.For("int _q = 0", f"_q < {Q}", "_q++", cgen.Block([cgen.Assign(f"{o}[_p*{Q} + _q]", "0")])),
-            cgen.For("int _m = 0", f"_m < {K}", "_m++", cgen.Block([
-                cgen.Line(f"const {ctype(op.dtype)} _am = {a}[_p*{K} + _m];"),
-                cgen.For("int _q = 0", f"_q < {Q}", "_q++", cgen.Block([
-                    cgen.Line(f"{o}[_p*{Q} + _q] += _am * {b}[_m*{Q} + _q];")]))]))])))
+        self.lines += self._gemm(str(P), K, Q, lambda r: f"{a} + ({r})*{K}", b, lambda r: f"{o} + ({r})*{Q}",
+                                 ctype(op.dtype))
 
     def _op_transpose(self, op):
         x, s, _ = self._operand(op.inputs[0])
         self._decl(op)
-        o = f"v{op.id}"
+        o = self._ref(op)
         self.lines.append(self._loops(op.shape, lambda idx: [cgen.Assign(
             f"{o}[{self._flat(op.shape, idx)}]",
             f"{x}[{self._flat(s, idx[:-2] + [idx[-1], idx[-2]])}]")], "_e"))
@@ -203,7 +315,7 @@ class StatementBody:
     def _reduce(self, op, init, step, finish=None):
         x, s, _ = self._operand(op.inputs[0])
         self._decl(op)
-        o = f"v{op.id}"
+        o = self._ref(op)
         axes, keep = self._axes(op, s)
 
         def body(idx):
@@ -232,7 +344,7 @@ class StatementBody:
         x, s, _ = self._operand(op.inputs[0])
         axis = op.attrs.get("axis", -1) % len(s)
         self._decl(op)
-        o = f"v{op.id}"
+        o = self._ref(op)
         outer = [d for d in range(len(s)) if d != axis]
         n = s[axis]
         f = self._f(op)
@@ -251,7 +363,7 @@ class StatementBody:
     def _op_concat(self, op):
         axis = op.attrs.get("axis", 0) % len(op.shape)
         self._decl(op)
-        o = f"v{op.id}"
+        o = self._ref(op)
         off = 0
         for a in op.inputs:
             x, s, _ = self._operand(a)
@@ -267,7 +379,7 @@ class StatementBody:
         x, s, _ = self._operand(op.inputs[0])
         key = op.attrs["key"] if isinstance(op.attrs["key"], tuple) else (op.attrs["key"],)
         self._decl(op)
-        o = f"v{op.id}"
+        o = self._ref(op)
 
         def body(idx):
             src, oi = [], 0
@@ -286,15 +398,16 @@ class StatementBody:
 
     def _op_load(self, op):
         t = ctype(op.dtype)
-        name = f"v{op.id}"
-        self.lines.append(cgen.Line(f"const {t}* {self.RESTRICT} {name};"))
+        name = self._ref(op)
+        if not self._in_batch:
+            self.lines.append(cgen.Line(f"const {t}* {self.RESTRICT} {name};"))
         branches = []
         for pc in op.pieces:
             if pc.buffer is None:
                 target = self.const_ref(np.broadcast_to(np.asarray(pc.const, dtype=_np(op.dtype)), op.shape))
             else:
                 target = self.buffer_ref(pc.buffer, [self._index(ix) for ix in pc.index])
-            cond = " && ".join(cond_c(c, self.dim, self.param) for c in pc.conds) or "1"
+            cond = " && ".join(cond_c(c, self._dim, self.param) for c in pc.conds) or "1"
             branches.append((cond, cgen.Assign(name, target)))
         node = branches[-1][1]  # the pieces partition the domain: the last needs no test
         for cond, assign in reversed(branches[:-1]):
@@ -302,8 +415,8 @@ class StatementBody:
         self.lines.append(node)
 
     def _index(self, ix) -> str:
-        return aff_c(ix, self.dim, self.param,
-                     lambda g: f"((long){self.buffer_ref(g.index, [aff_c(g.pos, self.dim, self.param, None)])}[0])")
+        return aff_c(ix, self._dim, self.param,
+                     lambda g: f"((long){self.buffer_ref(g.index, [aff_c(g.pos, self._dim, self.param, None)])}[0])")
 
     def _op_store(self, op):
         x, s, _ = self._operand(op.inputs[0])
