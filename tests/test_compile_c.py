@@ -30,49 +30,15 @@ from polyft.errors import CompileError, InputError, PolyftError
 from polyft.testing import rel_error
 from polyft.workloads import WORKLOADS, stacked_rnn
 
-TOL = 1e-5
+from helpers import TOL, assert_same, flist, rand
+
 SCHEDULES = ("original", "auto")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-
-@pytest.fixture(scope="module", autouse=True)
-def cache(tmp_path_factory):
-    """A temporary compile cache shared by the tests of this module."""
-    d = tmp_path_factory.mktemp("polyft-cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("POLYFT_CACHE", str(d))
-        yield d
+pytestmark = pytest.mark.usefixtures("compile_cache")  # conftest.py: a temporary POLYFT_CACHE
 
 
 # -- helpers ---------------------------------------------------------------------------------
-def rand(shape, seed):
-    """Fresh seeded standard-normal float32 data (never zeros)."""
-    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-
-
-def flist(shape, depth, seed):
-    return ft.FractalTensor.from_numpy(rand(shape, seed), depth)
-
-
-def assert_same(got, expected):
-    """Same pytree, same list types, values within TOL relative error."""
-    if isinstance(expected, ft.Zip):  # a returned zip counts as a tuple of lists
-        expected = tuple(expected.components)
-    if isinstance(expected, tuple):
-        assert isinstance(got, tuple) and len(got) == len(expected), (got, expected)
-        for g, e in zip(got, expected):
-            assert_same(g, e)
-        return
-    if isinstance(expected, ft.FractalTensor):
-        assert isinstance(got, ft.FractalTensor), got
-        assert got.type_string == expected.type_string
-    else:
-        expected = np.asarray(expected)
-        assert isinstance(got, np.ndarray) and got.shape == expected.shape, (got, expected.shape)
-    err = rel_error(got, expected)
-    assert err < TOL, f"relative error {err:.2e}"
-
-
 def snapshot(inputs):
     return [x.to_numpy() if isinstance(x, ft.FractalTensor) else np.array(x) for x in inputs]
 
@@ -136,7 +102,7 @@ def test_workload_compiled_from_inputs(name, schedule):
 
 # -- programs beyond the workloads -----------------------------------------------------------
 W = rand((3, 3), 5)
-XS = flist((5, 2, 3), 1, 6)
+XS = flist((5,), (2, 3), 6)
 SPECS = (ft.spec("[L]float32[2, 3]"), ft.spec("float32[3, 3]"))
 
 PROGRAMS = {
@@ -174,7 +140,7 @@ def test_program_from_specs_and_inputs(name, schedule):
     fn = PROGRAMS[name]
     for args in (SPECS, (XS, W)):
         prog = ft.compile(fn, *args, schedule=schedule)
-        xs, w = flist((5, 2, 3), 1, 7), rand((3, 3), 8)
+        xs, w = flist((5,), (2, 3), 7), rand((3, 3), 8)
         assert_same(prog(xs, w), fn(xs, w))
 
 
@@ -211,7 +177,7 @@ def test_specs_accept_different_lengths_on_each_call():
 
     prog = ft.compile(program, *SPECS)
     for n in (3, 0, 1, 6, 3):
-        xs, w = flist((n, 2, 3), 1, 30 + n), rand((3, 3), 40 + n)
+        xs, w = flist((n,), (2, 3), 30 + n), rand((3, 3), 40 + n)
         assert_same(prog(xs, w), program(xs, w))
 
 
@@ -222,7 +188,7 @@ def test_scan_without_init_of_an_empty_list(op):
 
     prog = ft.compile(program, SPECS[0])
     for n in (2, 0, 1):
-        xs = flist((n, 2, 3), 1, 50 + n)
+        xs = flist((n,), (2, 3), 50 + n)
         assert_same(prog(xs), program(xs))
 
 
@@ -230,7 +196,7 @@ def test_fixed_sizes_reject_other_lengths():
     prog = ft.compile(PROGRAMS["foldr"], *SPECS, sizes={"L": 5})
     assert_same(prog(XS, W), PROGRAMS["foldr"](XS, W))
     with pytest.raises(InputError, match="L = 5"):
-        no_native_code(prog)(flist((4, 2, 3), 1, 1), W)
+        no_native_code(prog)(flist((4,), (2, 3), 1), W)
 
 
 def test_unknown_target():
@@ -471,9 +437,9 @@ def compiled():
 
 
 BAD_CALLS = {
-    "element shape": lambda: (flist((5, 3, 2), 1, 1), W),
+    "element shape": lambda: (flist((5,), (3, 2), 1), W),
     "tensor shape": lambda: (XS, W[:2]),
-    "list depth": lambda: (flist((1, 5, 2, 3), 2, 1), W),
+    "list depth": lambda: (flist((1, 5), (2, 3), 1), W),
     "tensor for a list": lambda: (W, W),
     "list for a tensor": lambda: (XS, XS),
     "float64 list": lambda: (ft.FractalTensor.from_numpy(rand((5, 2, 3), 1).astype(np.float64), 1), W),
@@ -504,20 +470,20 @@ def test_wrong_length_for_fixed_lengths(compiled, how):
     real = prog._run
     try:
         with pytest.raises(InputError, match="5"):
-            no_native_code(prog)(flist((6, 2, 3), 1, 2), W)
+            no_native_code(prog)(flist((6,), (2, 3), 2), W)
     finally:
         prog._run = real
-    assert_same(compiled["specs"](flist((6, 2, 3), 1, 2), W), simple(flist((6, 2, 3), 1, 2), W))
+    assert_same(compiled["specs"](flist((6,), (2, 3), 2), W), simple(flist((6,), (2, 3), 2), W))
 
 
 def test_lengths_that_disagree_between_inputs():
     def program(xs, ys):
         return ft.zip(xs, ys).map(lambda p: p[0] * p[1])
     prog = ft.compile(program, SPECS[0], SPECS[0])
-    a, b = flist((4, 2, 3), 1, 1), flist((4, 2, 3), 1, 2)
+    a, b = flist((4,), (2, 3), 1), flist((4,), (2, 3), 2)
     assert_same(prog(a, b), program(a, b))
     with pytest.raises(InputError):
-        no_native_code(prog)(a, flist((3, 2, 3), 1, 3))
+        no_native_code(prog)(a, flist((3,), (2, 3), 3))
 
 
 def test_length_violating_an_assumption_is_rejected():
@@ -527,7 +493,7 @@ def test_length_violating_an_assumption_is_rejected():
         return xs.strided_split(2).map(lambda r: r.scanl(lambda s, x: s + x))
 
     prog = ft.compile(program, SPECS[0])
-    xs = flist((6, 2, 3), 1, 5)
+    xs = flist((6,), (2, 3), 5)
     assert_same(prog(xs), program(xs))
     with pytest.raises(InputError, match="L"):
-        no_native_code(prog)(flist((7, 2, 3), 1, 5))
+        no_native_code(prog)(flist((7,), (2, 3), 5))

@@ -26,18 +26,13 @@ from hypothesis import strategies as st
 
 import polyft as ft
 from polyft.errors import AccessError
-from polyft.testing import rel_error
 
-TOL = 1e-5
+from helpers import assert_same
+
 EXAMPLES = 100  # per schedule
 
 
-@pytest.fixture(scope="module", autouse=True)
-def cache(tmp_path_factory):
-    d = tmp_path_factory.mktemp("polyft-cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("POLYFT_CACHE", str(d))
-        yield d
+pytestmark = pytest.mark.usefixtures("compile_cache")  # conftest.py: a temporary POLYFT_CACHE
 
 
 # -- the building blocks -----------------------------------------------------------------------
@@ -263,24 +258,6 @@ def cases(draw):
 
 
 # -- the check -------------------------------------------------------------------------------
-def assert_same(got, expected):
-    if isinstance(expected, ft.Zip):  # a returned zip counts as a tuple of lists
-        expected = tuple(expected.components)
-    if isinstance(expected, tuple):
-        assert isinstance(got, tuple) and len(got) == len(expected), (got, expected)
-        for g, e in zip(got, expected):
-            assert_same(g, e)
-        return
-    if isinstance(expected, ft.FractalTensor):
-        assert isinstance(got, ft.FractalTensor), got
-        assert got.type_string == expected.type_string, (got.type_string, expected.type_string)
-    else:
-        expected = np.asarray(expected)
-        assert isinstance(got, np.ndarray) and got.shape == expected.shape, (got, expected.shape)
-    err = rel_error(got, expected)
-    assert err < TOL, f"relative error {err:.2e}"
-
-
 def check(case: Case, schedule: str):
     rng = np.random.default_rng(case.seed)
     xs = ft.FractalTensor.from_numpy(rng.standard_normal(case.lengths + (2, 3)).astype(np.float32),

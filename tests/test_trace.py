@@ -23,45 +23,15 @@ import polyft as ft
 from polyft import errors
 from polyft.etdg import AccessMap
 from polyft.interpret import run
-from polyft.testing import rel_error
 from polyft.workloads import WORKLOADS, stacked_rnn
+
+from helpers import assert_same, flist, rand, spec
 
 FAST = settings(max_examples=25, deadline=None)
 seeds = st.integers(0, 2**32 - 1)
 
 
 # -- helpers ------------------------------------------------------------------------------------
-def rand(shape, seed):
-    """Fresh seeded standard-normal float32 data (never zeros)."""
-    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-
-
-def flist(lengths, element_shape, seed):
-    """A regular FractalTensor of random data: depth len(lengths)."""
-    lengths = tuple(lengths)
-    return ft.FractalTensor.from_numpy(rand(lengths + tuple(element_shape), seed), len(lengths))
-
-
-def spec(lengths, element_shape, dtype="float32"):
-    return ft.spec(f"[{', '.join(map(str, lengths))}]{dtype}[{', '.join(map(str, element_shape))}]")
-
-
-def assert_same(got, expected):
-    """Same pytree, same types and lengths, values within 1e-5 relative error."""
-    if isinstance(expected, tuple):
-        assert isinstance(got, tuple) and len(got) == len(expected), (got, expected)
-        for g, e in zip(got, expected):
-            assert_same(g, e)
-        return
-    if isinstance(expected, ft.FractalTensor):
-        assert isinstance(got, ft.FractalTensor), got
-        assert got.type_string == expected.type_string
-    else:
-        expected = np.asarray(expected)
-        assert isinstance(got, np.ndarray) and got.shape == expected.shape, (got, expected.shape)
-    assert rel_error(got, expected) < 1e-5
-
-
 def check_traced(fn, inputs, specs=None, concrete=True):
     """Trace fn on the concrete inputs (and on specs, if given); interpreted == eager each time."""
     expected = fn(*inputs)

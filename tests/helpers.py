@@ -1,0 +1,48 @@
+"""Small helpers shared by the test modules: seeded random inputs, specs, and the comparison
+of a result pytree with the eager reference.
+
+The test modules import it as `helpers` (pytest puts tests/ on sys.path: the rootdir has no
+tests/__init__.py, so the default "prepend" import mode applies)."""
+from __future__ import annotations
+
+import numpy as np
+
+import polyft as ft
+from polyft.testing import rel_error
+
+TOL = 1e-5  # relative error in float32
+
+
+def rand(shape, seed):
+    """Fresh seeded standard-normal float32 data (never zeros)."""
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def flist(lengths, element_shape, seed):
+    """A regular FractalTensor of random data: depth len(lengths)."""
+    lengths = tuple(lengths)
+    return ft.FractalTensor.from_numpy(rand(lengths + tuple(element_shape), seed), len(lengths))
+
+
+def spec(lengths, element_shape, dtype="float32"):
+    """`ft.spec` of a list with the given (symbolic or concrete) lengths."""
+    return ft.spec(f"[{', '.join(map(str, lengths))}]{dtype}[{', '.join(map(str, element_shape))}]")
+
+
+def assert_same(got, expected):
+    """Same pytree, same list types and lengths, values within TOL relative error."""
+    if isinstance(expected, ft.Zip):  # a returned zip counts as a tuple of lists
+        expected = tuple(expected.components)
+    if isinstance(expected, tuple):
+        assert isinstance(got, tuple) and len(got) == len(expected), (got, expected)
+        for g, e in zip(got, expected):
+            assert_same(g, e)
+        return
+    if isinstance(expected, ft.FractalTensor):
+        assert isinstance(got, ft.FractalTensor), got
+        assert got.type_string == expected.type_string, (got.type_string, expected.type_string)
+    else:
+        expected = np.asarray(expected)
+        assert isinstance(got, np.ndarray) and got.shape == expected.shape, (got, expected.shape)
+    err = rel_error(got, expected)
+    assert err < TOL, f"relative error {err:.2e}"
