@@ -14,7 +14,6 @@ symbolic specs with the lengths fixed by `sizes=` (parametric maps, finite under
 """
 from __future__ import annotations
 
-import string
 from dataclasses import dataclass
 
 import islpy as isl
@@ -31,6 +30,8 @@ from polyft.errors import AccessError
 from polyft.etdg import Gather
 from polyft.testing import rel_error
 from polyft.workloads import WORKLOADS
+
+from nests import Kit, bodies, list_lengths, nest_inputs, nest_program, nest_specs
 
 TOL = 1e-5
 
@@ -199,7 +200,7 @@ def test_gather_is_a_may_access():
     assert not {(a, b) for a, b in must if a[0] == "S_b0"}
 
 
-# -- hypothesis: random nests of compute and access operators -------------------------------
+# -- hypothesis: random nests of compute and access operators (tests/nests.py) -------------
 
 C22 = np.array([[0.6, -0.4], [0.3, 0.8]], dtype=np.float32)
 ELEMENT = {  # element math on a [1, 2] tensor (w: a [2, 2] input)
@@ -214,177 +215,14 @@ COMBINE = {  # an aggregate's step on [1, 2] tensors, lifted elementwise to list
     "tanh(s@w+x)": lambda s, x, w: ft.tanh(s @ w + x),
     "s*x": lambda s, x, w: s * ft.tanh(x),
 }
-AGGREGATES = ("reduce", "foldl", "foldr", "scanl", "scanr")
-
-
-@dataclass(frozen=True)
-class Elem:
-    math: str
-
-
-@dataclass(frozen=True)
-class Level:
-    """One level of the nest: an access transform, then an operator (optionally per row of
-    a strided_split, merged back), whose function runs `child` on each element."""
-
-    transform: tuple
-    op: str
-    init: bool  # aggregates: init = child(first element), else no init (state = first element)
-    split: int  # 0, or d: run the operator on each row of strided_split(d), strided_merge after
-    comb: str
-    child: object  # Level | Elem
-    elem_depth: int  # depth of the element the child gets
-    child_out: int  # depth of what the child returns
-    then: object = None  # Level | None: a further nest run on this level's result (a list)
-
-
-def lift(f, depth):
-    if depth == 0:
-        return f
-    inner = lift(f, depth - 1)
-    return lambda a, b: ft.map(inner, a, b)
-
-
-def add(a, b):
-    return a + b
-
-
-def transform(x, t):
-    kind = t[0]
-    if kind == "id":
-        return x
-    if kind == "shift":
-        return x.shift(t[1])
-    if kind == "slice":
-        return x[t[1]:t[2]:t[3]]
-    if kind == "reverse":
-        return x.reverse()
-    if kind == "window":
-        return x.window(t[1], t[2], t[3])
-    if kind == "splitmerge":
-        return x.strided_split(t[1]).strided_merge()
-    if kind == "gather":
-        return x.gather(np.array(t[1], dtype=np.int64))
-    if kind == "zip_rev":
-        return ft.zip(x, x.reverse())
-    if kind == "zip_shift":
-        return ft.zip(x[:-t[1]], x.shift(t[1]))
-    raise ValueError(kind)
-
-
-def make_body(plan, w):
-    """The function of one nest level on its input x (a list or, at the bottom, a tensor);
-    `w[0]` is the program's [2, 2] tensor argument (eager or traced) when it runs."""
-    if isinstance(plan, Elem):
-        f = ELEMENT[plan.math]
-        return lambda x: f(x, w[0])
-    child = make_body(plan.child, w)
-    step = COMBINE[plan.comb]
-    comb = lift(lambda s, x: step(s, x, w[0]), plan.child_out)
-    kind = plan.transform[0]
-
-    def prep(e):  # an element of the transformed list -> the child's input
-        if kind == "window":
-            return ft.reduce(lift(add, plan.elem_depth), e)
-        if kind.startswith("zip"):
-            return lift(add, plan.elem_depth)(*e)
-        return e
-
-    def run_op(xs):
-        if plan.op == "map":
-            return xs.map(lambda e: child(prep(e)))
-        init = child(prep(xs[0])) if plan.init else None
-
-        def f(s, e):
-            return comb(s, child(prep(e)))
-        g = (lambda e, s: f(s, e)) if plan.op in ("foldr", "scanr") else f
-        return getattr(ft, plan.op)(g, xs, init)
-
-    then = make_body(plan.then, w) if plan.then is not None else (lambda y: y)
-
-    def body(x):
-        xs = transform(x, plan.transform)
-        if plan.split:
-            out = xs.strided_split(plan.split).map(run_op)
-            return then(out.strided_merge() if plan.op in ("map", "scanl", "scanr") else out)
-        return then(run_op(xs))
-    return body
-
-
-@st.composite
-def transforms(draw, n):
-    """An access transform applicable to a list of length n, with the length it gives, and
-    whether that length is the same symbolic length as n's."""
-    options = ["id", "reverse"]
-    if n > 1:
-        options += ["shift", "slice", "zip_rev", "zip_shift", "window", "gather"]
-    if n % 2 == 0:
-        options.append("splitmerge")
-    kind = draw(st.sampled_from(options))
-    if kind in ("id", "reverse", "zip_rev", "splitmerge"):
-        return ((kind, 2) if kind == "splitmerge" else (kind,)), n, True
-    if kind == "shift":
-        k = draw(st.sampled_from([k for k in (-2, -1, 1, 2) if abs(k) < n]))
-        return ("shift", k), n - abs(k), False
-    if kind == "zip_shift":
-        k = draw(st.integers(1, n - 1))
-        return ("zip_shift", k), n - k, False
-    if kind == "slice":
-        s = draw(st.sampled_from([1, 2, -1, -2]))
-        a = draw(st.sampled_from([None, 0, 1, -1, n - 1]))
-        b = draw(st.sampled_from([None, 0, 1, -1, n]))
-        m = len(range(n)[a:b:s])
-        assume(m >= 1)
-        return ("slice", a, b, s), m, False
-    if kind == "window":
-        pad = draw(st.integers(0, 1))
-        size = draw(st.integers(1, min(3, n + 2 * pad)))
-        stride = draw(st.integers(1, 2))
-        return ("window", size, stride, pad), (n + 2 * pad - size) // stride + 1, False
-    if kind == "gather":
-        idx = tuple(draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=4)))
-        return ("gather", idx), len(idx), False
-    raise AssertionError(kind)
-
-
-_fresh_names = iter(range(10 ** 9))
-
-
-@st.composite
-def bodies(draw, lengths):
-    """(plan, output lengths) for an input of the given lengths ([] = a [1, 2] tensor).
-
-    Lengths are (value, symbol) pairs: the symbol stands for the symbolic length in the trace
-    on specs, so that an aggregate without init is only drawn where its state keeps its type
-    symbolically too (not merely at the concrete sizes)."""
-    if not lengths:
-        return Elem(draw(st.sampled_from(sorted(ELEMENT)))), []
-    (n, sym), rest = lengths[0], lengths[1:]
-    t, m, same = draw(transforms(n))
-    m_sym = sym if same else f"t{next(_fresh_names)}"
-    child, child_out = draw(bodies(rest))
-    op = draw(st.sampled_from(("map",) + AGGREGATES))
-    # no init: the state is the raw first element, so the child must keep its type
-    can_skip_init = t[0] not in ("window", "zip_rev", "zip_shift") and child_out == rest
-    init = op != "map" and (not can_skip_init or draw(st.booleans()))
-    split = 2 if m % 2 == 0 and draw(st.integers(0, 3)) == 0 else 0
-    row = (m // 2, f"{m_sym}/2") if split else (m, m_sym)
-    out = [row] + child_out if op == "map" or op.startswith("scan") else child_out
-    if split:  # rows merged back (map, scans), or one fold per row
-        out = [(m, m_sym)] + out[1:] if op in ("map", "scanl", "scanr") else [(2, "2")] + out
-    then = None
-    if out and draw(st.integers(0, 3)) == 0:  # a consumer nest reading this one's result
-        then, out = draw(bodies(out))
-    plan = Level(t, op, init, split, draw(st.sampled_from(sorted(COMBINE))), child, len(rest),
-                 len(child_out), then)
-    return plan, out
+KIT = Kit(ELEMENT, COMBINE, tile=(1, 2), w_shape=(2, 2), w_scale=0.7,
+          window_pads=(0, 1), then=True)
 
 
 @st.composite
 def programs(draw):
-    depth = draw(st.integers(1, 3))
-    lengths = [(draw(st.integers(1, 4)), "ABC"[k]) for k in range(depth)]
-    plan, _ = draw(bodies(lengths))
+    lengths = draw(list_lengths())
+    plan, _ = draw(bodies(lengths, KIT))
     seed = draw(st.integers(0, 2 ** 16))
     return plan, [n for n, _ in lengths], seed
 
@@ -393,19 +231,9 @@ def programs(draw):
 @given(programs())
 def test_random_nests_match_brute_force(case):
     plan, lengths, seed = case
-    rng = np.random.default_rng(seed)
-    xs = ft.FractalTensor.from_numpy(rng.standard_normal(tuple(lengths) + (1, 2)).astype(np.float32),
-                                     depth=len(lengths))
-    w = (rng.standard_normal((2, 2)) * 0.7).astype(np.float32)
-    cell = [None]
-    body = make_body(plan, cell)
-
-    def program(xs, w):
-        cell[0] = w
-        return body(xs)
-
-    names = string.ascii_uppercase[:len(lengths)]
-    specs = (ft.spec(f"[{', '.join(names)}]float32[1, 2]"), ft.spec("float32[2, 2]"))
+    xs, w = nest_inputs(lengths, KIT, seed)
+    program = nest_program(plan, KIT)
+    specs = nest_specs(len(lengths), KIT)
     expect = program(xs, w)
     try:
         check_program(program, (xs, w), specs, expect)

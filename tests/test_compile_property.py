@@ -16,10 +16,8 @@ objects go to a temporary cache directory (POLYFT_CACHE).
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -28,14 +26,14 @@ import polyft as ft
 from polyft.errors import AccessError
 
 from helpers import assert_same
+from nests import Kit, bodies, list_lengths, nest_inputs, nest_program, nest_specs, transforms
 
 EXAMPLES = 100  # per schedule
-
 
 pytestmark = pytest.mark.usefixtures("compile_cache")  # conftest.py: a temporary POLYFT_CACHE
 
 
-# -- the building blocks -----------------------------------------------------------------------
+# -- the building blocks (the nests themselves: tests/nests.py) ------------------------------
 ELEMENT = {  # x: [2, 3], w: [3, 3] -> [2, 3]
     "tanh(x@w)": lambda x, w: ft.tanh(x @ w),
     "x/(1+x*x)": lambda x, w: x / (1.0 + x * x),
@@ -67,176 +65,11 @@ PAIR = {  # how a window's elements, or a zip's pair, become one element
     "max": lambda a, b: ft.maximum(a, b),
     "a-b/2": lambda a, b: a - b * 0.5,
 }
-AGGREGATES = ("reduce", "foldl", "foldr", "scanl", "scanr")
-
-
-@dataclass(frozen=True)
-class Elem:
-    math: str
-
-
-@dataclass(frozen=True)
-class Level:
-    """One level of the nest: an access transform, then an operator (optionally per row of a
-    strided_split), whose function runs `child` on each element."""
-
-    transform: tuple
-    op: str
-    init: bool  # aggregates: init = the child's result on the first element; else no init
-    split: int  # 0, or d: the operator runs on each row of strided_split(d)
-    comb: str
-    pair: str  # combines a window's elements or a zip's pair
-    child: object  # Level | Elem
-    elem_depth: int  # depth of the element the child gets
-    child_out: int  # depth of what the child returns
-    pair_state: bool = False  # (top level only) the state is a pair of the child's type; a map returns a pair
-
-
-def lift(f, depth):
-    if depth == 0:
-        return f
-    inner = lift(f, depth - 1)
-    return lambda a, b: ft.map(inner, a, b)
-
-
-def transform(x, t):
-    kind = t[0]
-    if kind == "id":
-        return x
-    if kind == "shift":
-        return x.shift(t[1])
-    if kind == "slice":
-        return x[t[1]:t[2]:t[3]]
-    if kind == "reverse":
-        return x.reverse()
-    if kind == "window":
-        return x.window(t[1], t[2], t[3])
-    if kind == "splitmerge":
-        return x.strided_split(t[1]).strided_merge()
-    if kind == "gather":
-        return x.gather(np.array(t[1], dtype=np.int64))
-    if kind == "zip_rev":
-        return ft.zip(x, x.reverse())
-    if kind == "zip_shift":
-        return ft.zip(x[:-t[1]], x.shift(t[1]))
-    raise ValueError(kind)
-
-
-def make_body(plan, w):
-    """The function of one level on its input (a list, or at the bottom a tile); `w[0]` is the
-    program's tensor argument (eager or traced) while the program runs."""
-    if isinstance(plan, Elem):
-        f = ELEMENT[plan.math]
-        return lambda x: f(x, w[0])
-    child = make_body(plan.child, w)
-    step = COMBINE[plan.comb]
-    comb = lift(lambda s, x: step(s, x, w[0]), plan.child_out)
-    pair = lift(PAIR[plan.pair], plan.elem_depth)
-    kind = plan.transform[0]
-
-    def prep(e):  # an element of the transformed list -> the child's input
-        if kind == "window":
-            return ft.reduce(pair, e)
-        if kind.startswith("zip"):
-            return pair(*e)
-        return e
-
-    def run_op(xs):
-        if plan.op == "map":
-            if plan.pair_state:
-                return xs.map(lambda e: (lambda c: (c, comb(c, c)))(child(prep(e))))
-            return xs.map(lambda e: child(prep(e)))
-        init = child(prep(xs[0])) if plan.init else None
-        if plan.pair_state:
-            init = (init, comb(init, init))
-
-        def f(s, e):
-            c = child(prep(e))
-            if plan.pair_state:
-                return comb(s[0], c), comb(c, s[1])
-            return comb(s, c)
-        g = (lambda e, s: f(s, e)) if plan.op in ("foldr", "scanr") else f
-        return getattr(ft, plan.op)(g, xs, init)
-
-    def body(x):
-        xs = transform(x, plan.transform)
-        if plan.split:
-            out = xs.strided_split(plan.split).map(run_op)
-            return out.strided_merge() if plan.op in ("map", "scanl", "scanr") else out
-        return run_op(xs)
-    return body
+KIT = Kit(ELEMENT, COMBINE, tile=(2, 3), w_shape=(3, 3), w_scale=0.6, pair=PAIR,
+          window_pads=(0, 1, (1, 0), (0, 2)), pair_state=True)
 
 
 # -- strategies ------------------------------------------------------------------------------
-@st.composite
-def transforms(draw, n):
-    """(transform, its length, whether that is the same symbolic length as n) for a list of
-    length n."""
-    options = ["id", "reverse"]
-    if n > 1:
-        options += ["shift", "slice", "zip_rev", "zip_shift", "window", "gather"]
-    if n % 2 == 0:
-        options.append("splitmerge")
-    kind = draw(st.sampled_from(options))
-    if kind in ("id", "reverse", "zip_rev"):
-        return (kind,), n, True
-    if kind == "splitmerge":
-        return ("splitmerge", 2), n, True
-    if kind == "shift":
-        k = draw(st.sampled_from([k for k in (-2, -1, 1, 2) if abs(k) < n]))
-        return ("shift", k), n - abs(k), False
-    if kind == "zip_shift":
-        k = draw(st.integers(1, n - 1))
-        return ("zip_shift", k), n - k, False
-    if kind == "slice":
-        s = draw(st.sampled_from([1, 2, -1, -2]))
-        a = draw(st.sampled_from([None, 0, 1, -1, n - 1]))
-        b = draw(st.sampled_from([None, 0, 1, -1, n]))
-        m = len(range(n)[a:b:s])
-        assume(m >= 1)
-        return ("slice", a, b, s), m, False
-    if kind == "window":
-        pad = draw(st.sampled_from([0, 1, (1, 0), (0, 2)]))
-        lo, hi = (pad, pad) if isinstance(pad, int) else pad
-        size = draw(st.integers(1, min(3, n + lo + hi)))
-        stride = draw(st.integers(1, 2))
-        return ("window", size, stride, pad), (n + lo + hi - size) // stride + 1, False
-    if kind == "gather":
-        idx = tuple(draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=4)))
-        return ("gather", idx), len(idx), False
-    raise AssertionError(kind)
-
-
-_fresh = itertools.count()
-
-
-@st.composite
-def bodies(draw, lengths, top=False):
-    """(plan, output lengths) for an input of the given lengths ([] = a [2, 3] tile).
-
-    Lengths are (value, symbol) pairs: the symbol stands for the length in a trace on specs,
-    so that an aggregate without init (whose state is the raw first element) is only drawn
-    where its state keeps its type symbolically too, not only at the concrete sizes."""
-    if not lengths:
-        return Elem(draw(st.sampled_from(sorted(ELEMENT)))), []
-    (n, sym), rest = lengths[0], lengths[1:]
-    t, m, same = draw(transforms(n))
-    m_sym = sym if same else f"t{next(_fresh)}"
-    child, child_out = draw(bodies(rest))
-    op = draw(st.sampled_from(("map",) + AGGREGATES))
-    can_skip_init = t[0] not in ("window", "zip_rev", "zip_shift") and child_out == rest
-    init = op != "map" and (not can_skip_init or draw(st.booleans()))
-    split = 2 if m % 2 == 0 and draw(st.integers(0, 3)) == 0 else 0
-    row = (m // 2, f"{m_sym}/2") if split else (m, m_sym)
-    out = [row] + child_out if op == "map" or op.startswith("scan") else child_out
-    if split:  # rows merged back (map, scans), or one fold per row
-        out = [(m, m_sym)] + out[1:] if op in ("map", "scanl", "scanr") else [(2, "2")] + out
-    pair_state = top and not split and (op == "map" or init) and draw(st.integers(0, 3)) == 0
-    plan = Level(t, op, init, split, draw(st.sampled_from(sorted(COMBINE))),
-                 draw(st.sampled_from(sorted(PAIR))), child, len(rest), len(child_out), pair_state)
-    return plan, out
-
-
 @dataclass(frozen=True)
 class Case:
     plan: object
@@ -248,10 +81,9 @@ class Case:
 
 @st.composite
 def cases(draw):
-    depth = draw(st.integers(1, 3))
-    lengths = [(draw(st.integers(1, 4)), "ABC"[k]) for k in range(depth)]
-    plan, _ = draw(bodies(lengths, top=True))
-    extra = draw(st.none() | transforms(lengths[0][0]).map(lambda t: t[0]))
+    lengths = draw(list_lengths())
+    plan, _ = draw(bodies(lengths, KIT, top=True))
+    extra = draw(st.none() | transforms(lengths[0][0], KIT).map(lambda t: t[0]))
     seed = draw(st.integers(0, 2 ** 32 - 1))
     # (specs or inputs by the seed's parity: a drawn boolean leans heavily towards False)
     return Case(plan, tuple(n for n, _ in lengths), extra, seed % 2 == 1, seed)
@@ -259,24 +91,10 @@ def cases(draw):
 
 # -- the check -------------------------------------------------------------------------------
 def check(case: Case, schedule: str):
-    rng = np.random.default_rng(case.seed)
-    xs = ft.FractalTensor.from_numpy(rng.standard_normal(case.lengths + (2, 3)).astype(np.float32),
-                                     depth=len(case.lengths))
-    w = (rng.standard_normal((3, 3)) * 0.6).astype(np.float32)
-    cell = [None]
-    body = make_body(case.plan, cell)
-
-    def program(xs, w):
-        cell[0] = w
-        out = body(xs)
-        return out if case.extra is None else (out, transform(xs, case.extra))
-
+    xs, w = nest_inputs(case.lengths, KIT, case.seed)
+    program = nest_program(case.plan, KIT, case.extra)
     expected = program(xs, w)
-    if case.symbolic:
-        names = "ABC"[:len(case.lengths)]
-        args = (ft.spec(f"[{', '.join(names)}]float32[2, 3]"), ft.spec("float32[3, 3]"))
-    else:
-        args = (xs, w)
+    args = nest_specs(len(case.lengths), KIT) if case.symbolic else (xs, w)
     try:
         prog = ft.compile(program, *args, target="c", schedule=schedule)
     except AccessError as e:  # a documented limitation of gather, not a wrong answer
