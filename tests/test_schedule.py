@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import itertools
 import re
-from dataclasses import dataclass
 
 import islpy as isl
 import numpy as np
@@ -40,6 +39,8 @@ from polyft.workloads import WORKLOADS, stacked_rnn
 from schedule.lower import lower
 from schedule.reorder import Reordering, bounds, reorder, transformed_accesses
 from schedule.schedule import distances
+
+from nests import KEEPS_LEVEL, Elem, Kit, Level, lift, make_body, nest_inputs, transforms
 
 # -- helpers ---------------------------------------------------------------------------------
 
@@ -429,14 +430,6 @@ def test_unparsable_user_schedule_is_a_schedule_error():
 # -- Table 4 through the scheduler ---------------------------------------------------------
 
 
-def lift(f, depth):
-    """f on tensors -> f elementwise on lists of the given depth (one nested map)."""
-    if depth == 0:
-        return f
-    inner = lift(f, depth - 1)
-    return lambda a, b: ft.map(inner, a, b)
-
-
 def table4_nest(d: int, i: int, agg: str):
     """A nest of depth d: `agg` at depth i (0 = outermost), map at the others. The
     aggregate's step is one elementwise map over the inner dims and its init `z` an input
@@ -517,115 +510,54 @@ def test_table4_stride_gives_distance_s(s):
 # -- hypothesis: random nests ------------------------------------------------------------------
 
 C22 = np.array([[0.6, -0.4], [0.3, 0.8]], dtype=np.float32)
-ELEMENT = {
-    "tanh": lambda x: ft.tanh(x),
-    "x*0.5+1": lambda x: x * 0.5 + 1.0,
-    "x@C": lambda x: x @ C22,
+ELEMENT = {  # (no tensor argument w: the program is fn(xs))
+    "tanh": lambda x, w: ft.tanh(x),
+    "x*0.5+1": lambda x, w: x * 0.5 + 1.0,
+    "x@C": lambda x, w: x @ C22,
 }
 COMBINE = {
-    "s+x": lambda s, x: s + x,
-    "s*0.5+x": lambda s, x: s * 0.5 + x,
-    "tanh(s@C+x)": lambda s, x: ft.tanh(s @ C22 + x),
+    "s+x": lambda s, x, w: s + x,
+    "s*0.5+x": lambda s, x, w: s * 0.5 + x,
+    "tanh(s@C+x)": lambda s, x, w: ft.tanh(s @ C22 + x),
 }
-KEEPS_LEVEL = ("map", "scanl", "scanr")
-
-
-@dataclass(frozen=True)
-class Level:
-    op: str
-    transform: tuple
-    init: str  # "first": init = child(first element); "none": no init; "zeros"
-    comb: str
-
-
-def transform(xs, t):
-    kind = t[0]
-    if kind == "id":
-        return xs
-    if kind == "reverse":
-        return xs.reverse()
-    if kind == "shift":
-        return xs.shift(t[1])
-    if kind == "slice":
-        return xs[t[1]::t[2]]
-    if kind == "window":
-        return xs.window(t[1], t[2], t[3])
-    raise AssertionError(kind)
-
-
-def make_program(levels, elem):
-    n = len(levels)
-
-    def level(k):
-        if k == n:
-            return ELEMENT[elem]
-        plan = levels[k]
-        child = level(k + 1)
-        out_depth = sum(1 for lv in levels[k + 1:] if lv.op in KEEPS_LEVEL)
-        comb = lift(COMBINE[plan.comb], out_depth)
-        window = plan.transform[0] == "window"
-        in_depth = n - k - 1
-
-        def prep(e):  # a window's elements are summed into one element
-            return ft.reduce(lift(lambda a, b: a + b, in_depth), e) if window else e
-
-        def body(x):
-            xs = transform(x, plan.transform)
-            if plan.op == "map":
-                return xs.map(lambda e: child(prep(e)))
-            if plan.op in ("foldr", "scanr"):
-                f = lambda e, s: comb(s, child(prep(e)))  # noqa: E731
-            else:
-                f = lambda s, e: comb(s, child(prep(e)))  # noqa: E731
-            init = {"first": lambda: child(prep(xs[0])), "none": lambda: None,
-                    "zeros": lambda: ft.zeros((1, 2))}[plan.init]()
-            return getattr(ft, plan.op)(f, xs, init)
-        return body
-    return level(0)
+KIT = Kit(ELEMENT, COMBINE, tile=(1, 2), w_shape=(2, 2), w_scale=1.0,
+          kinds=("id", "reverse", "shift", "slice", "window"), window_pads=(0, 1), slices="forward")
 
 
 @st.composite
-def transforms(draw, n):
-    kind = draw(st.sampled_from(["id", "reverse", "shift", "slice", "window"] if n > 1 else ["id", "reverse"]))
-    if kind == "shift":
-        return ("shift", draw(st.sampled_from([k for k in (-2, -1, 1, 2) if abs(k) < n])))
-    if kind == "slice":
-        return ("slice", draw(st.integers(0, 1)), draw(st.integers(1, 2)))
-    if kind == "window":
-        pad = draw(st.integers(0, 1))
-        return ("window", draw(st.integers(1, min(3, n + 2 * pad))), draw(st.integers(1, 2)), pad)
-    return (kind,)
-
-
-@st.composite
-def nests(draw):
+def chains(draw):
+    """A chain of levels (each level's child is the next one), no split, no consumer nest;
+    an init of zeros or none only at the bottom level."""
     depth = draw(st.integers(1, 3))
     lengths = [draw(st.integers(1, 4)) for _ in range(depth)]
     levels = []
     for k in range(depth):
         op = draw(st.sampled_from(["map", "scanl", "foldl", "reduce", "scanr", "foldr"]))
-        t = draw(transforms(lengths[k]))
+        t, _, _ = draw(transforms(lengths[k], KIT))
         bottom = k == depth - 1
         # without an init the state is the raw first element: only where the child keeps it
         init = draw(st.sampled_from(["first", "none", "zeros"] if bottom and t[0] != "window" else ["first"]))
-        levels.append(Level(op, t, init, draw(st.sampled_from(sorted(COMBINE)))))
-    return levels, lengths, draw(st.sampled_from(sorted(ELEMENT))), draw(st.integers(0, 2 ** 16))
+        levels.append((op, t, init, draw(st.sampled_from(sorted(COMBINE)))))
+    plan, out_depth = Elem(draw(st.sampled_from(sorted(ELEMENT)))), 0
+    for k in reversed(range(depth)):
+        op, t, init, comb = levels[k]
+        plan = Level(t, op, init, 0, comb, plan, elem_depth=depth - k - 1, child_out=out_depth)
+        out_depth += op in KEEPS_LEVEL
+    return plan, lengths, draw(st.integers(0, 2 ** 16))
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(nests())
+@given(chains())
 def test_random_nests_auto_is_legal_and_no_slower(case):
-    levels, lengths, elem, seed = case
-    fn = make_program(levels, elem)
-    rng = np.random.default_rng(seed)
-    xs = ft.FractalTensor.from_numpy(rng.standard_normal(tuple(lengths) + (1, 2)).astype(np.float32),
-                                     depth=len(lengths))
+    plan, lengths, seed = case
+    fn = make_body(plan, [None], KIT)
+    xs, _ = nest_inputs(lengths, KIT, seed)
     auto = ft.analyze(fn, xs)  # concrete sizes: make_schedule checks legality with ISL
     original = ft.analyze(fn, xs, schedule="original")  # the traced nest as written
     assert auto.schedule.sequential_steps is not None
     for orig in (original.schedule, auto.original_schedule()):  # as traced; as coarsened
         assert auto.schedule.sequential_steps <= orig.sequential_steps, (
-            f"{levels} {lengths}: auto {auto.schedule.sequential_steps} > original {orig.sequential_steps}\n"
+            f"{plan} {lengths}: auto {auto.schedule.sequential_steps} > original {orig.sequential_steps}\n"
             + auto.schedule.describe())
     assert_brute_force_legal(auto, (xs,))
 
