@@ -100,14 +100,18 @@ def statement_functions(etdg, namer, buffer_ref, consts: dict, body_class, quali
     return functions
 
 
+def prepare(model) -> tuple:
+    """What both targets start from: (layout, params, namer, consts, ctx struct, buffer_ref)."""
+    layout = Layout(model.etdg)
+    params = list(model.params)
+    ctx, buffer_ref = context(layout, params)
+    return layout, params, _Namer(params), {}, ctx, buffer_ref
+
+
 def generate(model, schedule) -> tuple:
     """(C source, Layout) for `model` under `schedule`."""
     etdg = model.etdg
-    layout = Layout(etdg)
-    params = list(model.params)
-    namer = _Namer(params)
-    consts: dict = {}
-    ctx, buffer_ref = context(layout, params)
+    layout, params, namer, consts, ctx, buffer_ref = prepare(model)
 
     ast = build_ast(schedule.map, model.context)
     tiled = set()

@@ -17,11 +17,10 @@ import cgen
 import islpy as isl
 import numpy as np
 
-from deps.model import _Namer
 from polyft.errors import CompileError
 
 from .ast import _children, build_ast, to_cgen
-from .c_target import Layout, _const_decl, context, statement_functions
+from .c_target import _const_decl, prepare, statement_functions
 from .kernels import StatementBody, ctype
 
 THREADS = 256
@@ -70,6 +69,7 @@ class CudaStatementBody(StatementBody):
                         cgen.Block(body_fn(idx)))
 
     RESTRICT = "__restrict__"
+    ELEMENTS = ("threadIdx.x", "blockDim.x")  # a tile's elements strided over the block's threads
     VECTORS = False  # the CUDA matmul is its own (thread-parallel) kernel
     def _after(self, op):
         if op.op != "load":
@@ -131,12 +131,6 @@ class CudaStatementBody(StatementBody):
             return lines
         self.lines.append(self._loops([s[d] for d in keep], body, "_o"))
 
-    def _op_store(self, op):
-        x, s, _ = self._operand(op.inputs[0])
-        dst = self.buffer_ref(op.buffer, [self._index(ix) for ix in op.index])
-        n = max(1, math.prod(op.shape))
-        self.lines.append(cgen.For("int _e = threadIdx.x", f"_e < {n}", "_e += blockDim.x",
-                                   cgen.Assign(f"({dst})[_e]", f"{x}[_e]" if s else f"{x}[0]")))
 
 
 def _np_dtype(dtype):
@@ -263,11 +257,7 @@ def _trip(node) -> tuple:
 def generate(model, schedule, threads: int = THREADS) -> tuple:
     """(CUDA source, Python host driver source, Layout, number of kernels)."""
     etdg = model.etdg
-    layout = Layout(etdg)
-    params = list(model.params)
-    namer = _Namer(params)
-    consts: dict = {}
-    ctx, buffer_ref = context(layout, params)
+    layout, params, namer, consts, ctx, buffer_ref = prepare(model)
 
     def fits(st, body):
         if body.shared_bytes > SHARED_LIMIT:

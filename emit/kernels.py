@@ -177,6 +177,7 @@ class StatementBody:
 
     # -- the operations ------------------------------------------------------------------
     RESTRICT = "restrict"
+    ELEMENTS = ("0", "1")  # (first, step) of a loop over a tile's elements: all, in one thread
 
     def generate(self) -> list:
         if self.batch is not None:
@@ -422,7 +423,8 @@ class StatementBody:
         x, s, _ = self._operand(op.inputs[0])
         dst = self.buffer_ref(op.buffer, [self._index(ix) for ix in op.index])
         n = max(1, math.prod(op.shape))
-        self.lines.append(cgen.For("int _e = 0", f"_e < {n}", "_e++",
+        start, step = self.ELEMENTS
+        self.lines.append(cgen.For(f"int _e = {start}", f"_e < {n}", f"_e += {step}",
                                    cgen.Assign(f"({dst})[_e]", f"{x}[_e]" if s else f"{x}[0]")))
 
 

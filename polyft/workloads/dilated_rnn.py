@@ -16,12 +16,10 @@ D is concrete (it fixes the dilations) and L must be a multiple of 2**(D-1).
 """
 from __future__ import annotations
 
-import numpy as np
-
 import polyft as ft
 
-from ._common import check_divisible, randn, sizes
-from .stacked_lstm import lstm_cell
+from ._common import check_divisible, sizes
+from .stacked_lstm import lstm_cell, lstm_inputs
 
 DESCRIPTION = "stacked dilated LSTM: per layer strided_split(2**k), scanl per subsequence, strided_merge"
 
@@ -61,12 +59,7 @@ def inputs(preset="small", seed=0, **overrides):
     s = sizes("dilated_rnn", PRESETS, preset, overrides)
     N, D, L, H = s["N"], s["D"], s["L"], s["H"]
     check_divisible("dilated_rnn", "L", L, 2 ** (D - 1))
-    rng = np.random.default_rng(seed)
-    xss = ft.FractalTensor.from_numpy(randn(rng, (N, L, 1, H)), depth=2)
-    wss = ft.FractalTensor.from_numpy(randn(rng, (D, 4, H, H), 1.0 / np.sqrt(H)), depth=2)
-    uss = ft.FractalTensor.from_numpy(randn(rng, (D, 4, H, H), 1.0 / np.sqrt(H)), depth=2)
-    bss = ft.FractalTensor.from_numpy(randn(rng, (D, 4, 1, H), 0.1), depth=2)
-    return xss, wss, uss, bss
+    return lstm_inputs(N, D, L, H, seed)
 
 
 def specs(preset="small", **overrides):

@@ -69,7 +69,11 @@ def program(xss, wss, uss, bss):
 
 def inputs(preset="small", seed=0, **overrides):
     s = sizes("stacked_lstm", PRESETS, preset, overrides)
-    N, D, L, H = s["N"], s["D"], s["L"], s["H"]
+    return lstm_inputs(s["N"], s["D"], s["L"], s["H"], seed)
+
+
+def lstm_inputs(N, D, L, H, seed):
+    """Sequences [N, L] of [1, H] and D layers of gate weights (also the dilated LSTM's)."""
     rng = np.random.default_rng(seed)
     xss = ft.FractalTensor.from_numpy(randn(rng, (N, L, 1, H)), depth=2)
     wss = ft.FractalTensor.from_numpy(randn(rng, (D, 4, H, H), 1.0 / np.sqrt(H)), depth=2)
