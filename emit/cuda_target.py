@@ -4,59 +4,149 @@
   become a Python driver (generated from the AST) that launches one kernel per parallel loop
   (grid = its trip count) or per statement left outside any parallel loop (grid = 1).
 * Device: a kernel runs one iteration of its parallel loop per thread block, the loops inside
-  it sequentially; each statement is a `__device__` function whose tile macro-kernels are
-  executed cooperatively by all threads of the block (elements strided over threads, a
-  barrier between operations), with operand tiles staged in shared memory by cooperative,
-  vectorised tile loaders.
+  it sequentially; each statement is a `__device__` function whose tile operations are
+  executed cooperatively by all threads of the block, calling the tile library
+  (`tiles.cuh`: cooperative loaders, GEMMs in float32 or on tensor cores, row reductions,
+  online softmax), with a barrier after each. Runs of elementwise operations are fused into
+  one pass whose intermediate values stay in registers (the GEMM epilogues: bias, gates).
 """
 from __future__ import annotations
 
+import functools
 import math
+import os
 
 import cgen
 import islpy as isl
 import numpy as np
 
 from polyft.errors import CompileError
+from polyft.etdg import OpNode
 
 from .ast import _children, build_ast, to_cgen
 from .c_target import _const_decl, prepare, statement_functions
-from .kernels import StatementBody, ctype
+from .kernels import _BINARY, _UNARY, StatementBody, ctype
 
 THREADS = 256
 SHARED_LIMIT = 48 * 1024
 
+# operand precision of matmuls -> (WMMA element type, k of a fragment); float32 has none
+PRECISIONS = {"fp32": None, "tf32": ("nvcuda::wmma::precision::tf32", 8), "fp16": ("__half", 16),
+              "bf16": ("__nv_bfloat16", 16)}
+TOLERANCE = {"fp32": 1e-5, "tf32": 1e-3, "fp16": 1e-2, "bf16": 1e-2}  # relative error vs eager float32
+
+with open(os.path.join(os.path.dirname(__file__), "tiles.cuh")) as _f:
+    TILES = _f.read()
+
 PRELUDE = """#include <stdint.h>
 #define floord(n, d) (((n) < 0) ? -((-(n) + (d) - 1) / (d)) : (n) / (d))
 #define min(x, y) ((x) < (y) ? (x) : (y))
-#define max(x, y) ((x) > (y) ? (x) : (y))
+#define max(x, y) ((x) > (y) ? (x) : (y))"""
 
-/* cooperative tile loader: all threads copy a tile from global to shared memory, in float4
-   steps when both ends are 16-byte aligned, then wait for each other */
-template <typename T>
-__device__ __forceinline__ void ft_load_tile(T* __restrict__ dst, const T* __restrict__ src, int n) {
-  if (sizeof(T) == 4 && n % 4 == 0 && ((uintptr_t)src % 16) == 0 && ((uintptr_t)dst % 16) == 0) {
-    const float4* s4 = reinterpret_cast<const float4*>(src);
-    float4* d4 = reinterpret_cast<float4*>(dst);
-    for (int e = threadIdx.x; e < n / 4; e += blockDim.x) d4[e] = s4[e];
-  } else {
-    for (int e = threadIdx.x; e < n; e += blockDim.x) dst[e] = src[e];
-  }
-  __syncthreads();
-}"""
+
+def _elementwise(op) -> bool:
+    return op.op in _UNARY or op.op in _BINARY
 
 
 class CudaStatementBody(StatementBody):
-    """Tile operations spread over the threads of a block, with a barrier after each."""
+    """Tile operations spread over the threads of a block, with a barrier after each.
 
-    def __init__(self, *args, **kw):
+    Two fusions save shared memory and passes: a run of elementwise operations of one shape
+    becomes one loop (values used only inside the run stay in registers), and `add` of two
+    matmuls used nowhere else accumulates the second into the first's tile.
+    """
+
+    RESTRICT = "__restrict__"
+    ELEMENTS = ("threadIdx.x", "blockDim.x")  # a tile's elements strided over the block's threads
+
+    def __init__(self, *args, precision="fp32", **kw):
         super().__init__(*args, **kw)
-        self.shared_bytes = 0  # a block's threads share the tiles: no per-instance batching here
+        if self.batch is not None:
+            raise CompileError("the CUDA target does not batch statements", op="emit")
+        self.precision = precision
+        self.shared_bytes = 0
+        self.tensor_core_matmuls = 0
 
+    # -- planning: who uses what, which adds fold into matmuls -----------------------------
+    def _plan(self):
+        self.users = {op: [] for op in self.ops}
+        for op in self.ops:
+            for a in op.inputs:
+                if isinstance(a, OpNode) and a in self.users:
+                    self.users[a].append(op)
+        self.accumulate, self.alias = {}, {}  # matmul -> tile it adds into; add -> that tile
+        for op in self.ops:
+            ins = op.inputs
+            if op.op == "add" and len(ins) == 2 and ins[0] is not ins[1] and all(
+                    isinstance(a, OpNode) and a.op == "matmul" and self.users[a] == [op]
+                    and tuple(a.shape) == tuple(op.shape) for a in ins):
+                first, second = sorted(ins, key=self.ops.index)
+                self.accumulate[second] = first
+                self.alias[op] = first
+
+    def _ref(self, op) -> str:
+        return super()._ref(self.alias.get(op, op))
+
+    def generate(self) -> list:
+        self._plan()
+        group: list = []
+        for op in self.ops:
+            if _elementwise(op) and op not in self.alias:
+                if group and tuple(group[0].shape) != tuple(op.shape):
+                    self._fused(group)
+                    group = []
+                group.append(op)
+                continue
+            if op.op == "load":  # only sets a pointer: emitted at once, a run goes on past it
+                self._op_load(op)
+                continue
+            if group:
+                self._fused(group)
+                group = []
+            if op not in self.alias:
+                self._handler(op)(op)
+                self._barrier()
+        if group:
+            self._fused(group)
+        return self.lines
+
+    def _barrier(self):
+        self.lines.append(cgen.Statement("__syncthreads()"))
+
+    def _fused(self, group):
+        """One pass over the elements for a run of elementwise operations: each value is a
+        register; those used after the run are also written to their shared tile."""
+        members = set(group)
+        kept = [op for op in group if any(u not in members for u in self.users[op])]
+        for op in kept:
+            self._decl(op)
+
+        def body(idx):
+            lines = []
+            for op in group:
+                vals = []
+                for a in op.inputs:
+                    if isinstance(a, OpNode) and a in members:
+                        vals.append(f"_t{a.id}")
+                    else:
+                        name, shape, _ = self._operand(a)
+                        vals.append(self._at(name, shape, op.shape, idx))
+                if op.op in _UNARY:
+                    expr = _UNARY[op.op].format(x=vals[0] if vals else "0", f=self._f(op))
+                else:
+                    expr = _BINARY[op.op].format(a=vals[0], b=vals[1], f=self._f(op))
+                lines.append(cgen.Line(f"const {ctype(op.dtype)} _t{op.id} = {expr};"))
+                if op in kept:
+                    lines.append(cgen.Assign(f"{self._ref(op)}[{self._flat(op.shape, idx)}]", f"_t{op.id}"))
+            return lines
+        self.lines.append(self._loops(group[0].shape, body, "_e"))
+        self._barrier()
+
+    # -- tiles -------------------------------------------------------------------------------
     def _decl(self, op):
         n = max(1, math.prod(op.shape))
         self.shared_bytes += n * np.dtype(_np_dtype(op.dtype)).itemsize
-        self.lines.append(cgen.Line(f"__shared__ __align__(16) {ctype(op.dtype)} v{op.id}[{n}];"))
+        self.lines.append(cgen.Line(f"__shared__ __align__(32) {ctype(op.dtype)} v{op.id}[{n}];"))
 
     def _loops(self, shape, body_fn, tag):
         n = max(1, math.prod(shape))
@@ -68,14 +158,7 @@ class CudaStatementBody(StatementBody):
         return cgen.For(f"int {flat} = threadIdx.x", f"{flat} < {n}", f"{flat} += blockDim.x",
                         cgen.Block(body_fn(idx)))
 
-    RESTRICT = "__restrict__"
-    ELEMENTS = ("threadIdx.x", "blockDim.x")  # a tile's elements strided over the block's threads
-    VECTORS = False  # the CUDA matmul is its own (thread-parallel) kernel
-    def _after(self, op):
-        if op.op != "load":
-            self.lines.append(cgen.Statement("__syncthreads()"))
-
-    def _staged(self, a):
+    def _left_operand(self, a):
         """An operand tile in shared memory: loads are copied in cooperatively first."""
         name, shape, dtype = self._operand(a)
         if isinstance(a, tuple) or a.op != "load":
@@ -85,26 +168,57 @@ class CudaStatementBody(StatementBody):
             return name, shape, dtype  # too big to stage: read it from global memory
         self.shared_bytes += n * np.dtype(_np_dtype(dtype)).itemsize
         staged = f"{name}_s"
-        self.lines.append(cgen.Line(f"__shared__ __align__(16) {ctype(dtype)} {staged}[{n}];"))
-        self.lines.append(cgen.Statement(f"ft_load_tile({staged}, {name}, {n})"))
+        self.lines.append(cgen.Line(f"__shared__ __align__(32) {ctype(dtype)} {staged}[{n}];"))
+        self.lines.append(cgen.Statement(f"ft::load_tile({staged}, {name}, {n})"))
         return staged, shape, dtype
 
-    def _op_matmul(self, op):
-        """Each thread computes output elements (p, q); the left tile (reused by every q) is
-        staged in shared memory, the right one read coalesced along q."""
-        (a, sa, _), (b, sb, _) = self._staged(op.inputs[0]), self._operand(op.inputs[1])
-        P, K = sa
-        Q = sb[1]
+    def _matmul(self, op, a, b, P, K, Q):
+        """ft::gemm_tc on tensor cores where the precision and the shapes allow (P, Q multiples
+        of 16, K of the fragment's k), else ft::gemm_f32; into the tile of the matmul this one
+        adds into, if any."""
+        into = self.accumulate.get(op)
+        if into is None:
+            self._decl(op)
+        out, acc = self._ref(into or op), "true" if into is not None else "false"
+        tc = PRECISIONS[self.precision]
+        if tc and P % 16 == 0 and Q % 16 == 0 and K % tc[1] == 0:
+            self.tensor_core_matmuls += 1
+            self.shared_bytes += 32 * (P + Q)  # TcStage: KC columns of a and rows of b
+            self.lines.append(cgen.Line(f"ft::gemm_tc<{tc[0]}, {P}, {K}, {Q}, {acc}>({out}, {a}, {b});"
+                                        f"  /* tensor cores, {self.precision} operands */"))
+        else:
+            self.lines.append(cgen.Statement(f"ft::gemm_f32<{P}, {K}, {Q}, {acc}>({out}, {a}, {b})"))
+
+    def _rows(self, op, call: str) -> bool:
+        """A reduction over the trailing axes as rows: `call` gets <ROWS, N, > filled in."""
+        x, s, _ = self._operand(op.inputs[0])
+        axes, keep = self._axes(op, s)
+        if not axes or axes != list(range(len(s) - len(axes), len(s))):
+            return False
         self._decl(op)
-        o = self._ref(op)
-        self.lines.append(cgen.For("int _f = threadIdx.x", f"_f < {P * Q}", "_f += blockDim.x", cgen.Block([
-            cgen.Line(f"const int _p = _f / {Q}, _q = _f % {Q};"),
-            cgen.Line(f"{ctype(op.dtype)} _acc = 0;"),
-            cgen.For("int _m = 0", f"_m < {K}", "_m++", cgen.Line(f"_acc += {a}[_p*{K} + _m] * {b}[_m*{Q} + _q];")),
-            cgen.Assign(f"{o}[_f]", "_acc")])))
+        rows, n = math.prod(s[d] for d in keep), math.prod(s[d] for d in axes)
+        self.lines.append(cgen.Statement(call.format(rows=rows, n=n) + f"({self._ref(op)}, {x})"))
+        return True
+
+    def _op_sum(self, op):
+        if not self._rows(op, "ft::reduce_rows<ft::Sum, {rows}, {n}, false>"):
+            super()._op_sum(op)
+
+    def _op_mean(self, op):
+        if not self._rows(op, "ft::reduce_rows<ft::Sum, {rows}, {n}, true>"):
+            super()._op_mean(op)
+
+    def _op_max(self, op):
+        if not self._rows(op, "ft::reduce_rows<ft::Max, {rows}, {n}, false>"):
+            super()._op_max(op)
+
+    def _op_softmax(self, op):
+        s = self._operand(op.inputs[0])[1]
+        if op.attrs.get("axis", -1) % len(s) != len(s) - 1 or not self._rows(op, "ft::softmax_rows<{rows}, {n}>"):
+            super()._op_softmax(op)
 
     def _reduce(self, op, init, step, finish=None):
-        """One thread per output element, reducing sequentially over the reduced axes."""
+        """Other reductions: one thread per output element, sequentially over the reduced axes."""
         x, s, _ = self._operand(op.inputs[0])
         self._decl(op)
         o = self._ref(op)
@@ -130,7 +244,6 @@ class CudaStatementBody(StatementBody):
             lines.append(cgen.Assign(f"{o}[{self._flat([s[d] for d in keep], idx)}]", "_acc"))
             return lines
         self.lines.append(self._loops([s[d] for d in keep], body, "_o"))
-
 
 
 def _np_dtype(dtype):
@@ -254,8 +367,14 @@ def _trip(node) -> tuple:
     raise CompileError(f"cannot map the loop over {it} ({cond.to_C_str()}) to a grid", op="emit")
 
 
-def generate(model, schedule, threads: int = THREADS) -> tuple:
-    """(CUDA source, Python host driver source, Layout, number of kernels)."""
+def generate(model, schedule, threads: int = THREADS, precision: str = "fp32") -> tuple:
+    """(CUDA source, Python host driver source, Layout, each kernel's number of `long`
+    arguments after the context). `threads` per block (a multiple of 32); `precision` of
+    the matmul operands (PRECISIONS; accumulation is float32 in all)."""
+    if precision not in PRECISIONS:
+        raise CompileError(f"unknown precision {precision!r}; available: {', '.join(PRECISIONS)}", op="compile")
+    if threads % 32 or not 32 <= threads <= 1024:
+        raise CompileError(f"{threads} threads per block: use a multiple of 32 up to 1024", op="compile")
     etdg = model.etdg
     layout, params, namer, consts, ctx, buffer_ref = prepare(model)
 
@@ -263,7 +382,8 @@ def generate(model, schedule, threads: int = THREADS) -> tuple:
         if body.shared_bytes > SHARED_LIMIT:
             raise CompileError(f"{st.name} keeps {body.shared_bytes} bytes of tiles in shared memory "
                                f"(limit {SHARED_LIMIT}); use smaller tiles", op="emit")
-    functions = statement_functions(etdg, namer, buffer_ref, consts, CudaStatementBody, "__device__ static void",
+    body = functools.partial(CudaStatementBody, precision=precision)
+    functions = statement_functions(etdg, namer, buffer_ref, consts, body, "__device__ static void",
                                     cgen.Value("const ctx_t* __restrict__", "c"), fits)
 
     ast = build_ast(schedule.map, model.context)
@@ -278,7 +398,8 @@ def generate(model, schedule, threads: int = THREADS) -> tuple:
             cgen.Block(setup + lines)))
     consts_c = [cgen.Line("__device__ " + str(_const_decl(n, v)).replace("static const", "const"))
                 for n, v in consts.values()]
-    module = cgen.Module([cgen.Line(PRELUDE), cgen.Line(""), ctx, cgen.Line("")] + consts_c
+    module = cgen.Module([cgen.Line(f"#define FT_THREADS {threads}"), cgen.Line(PRELUDE), cgen.Line(TILES), ctx,
+                          cgen.Line("")] + consts_c
                          + [cgen.Line("")] + functions + [cgen.Line("")] + kernels)
     host = [f"def run(launch, {', '.join(params + ['_=None'])}):"] + (walker.host or ["    pass"])
-    return str(module) + "\n", "\n".join(host) + "\n", layout, len(walker.kernels)
+    return str(module) + "\n", "\n".join(host) + "\n", layout, [len(args) - 1 for _, args, _ in walker.kernels]

@@ -187,7 +187,6 @@ class StatementBody:
                 self._batched(op)
             else:
                 self._handler(op)(op)
-            self._after(op)
         return self.lines
 
     def _depends_on_batch(self) -> set:
@@ -221,14 +220,13 @@ class StatementBody:
         return self._gemm(f"_nb*{P}", K, Q, a_row, b, lambda r: f"v{op.id} + ({r})*{Q}", ctype(op.dtype))
 
     MR, NR = 4, 16  # micro-kernel: 4 rows x 16 float columns of accumulators, kept in registers
-    VECTORS = True  # the target has the `ft_vec` vector type (GCC/Clang vector extensions)
 
     def _gemm(self, nrows: str, K: int, Q: int, a_row, b: str, out_row, t: str) -> list:
         """out[r, :] = a[r, :] @ b for r < nrows: a register-blocked micro-kernel (MR rows x
         NR float columns in vector registers, accumulated over all of K, stored once) when NR
         divides Q, else plain loops. `a_row(r)` / `out_row(r)` are C pointers to row r."""
         MR, NR = self.MR, self.NR
-        if Q % NR or t != "float" or not self.VECTORS:
+        if Q % NR or t != "float":
             return [cgen.For("int _r = 0", f"_r < {nrows}", "_r++", cgen.Block([
                 cgen.Line(f"const {t}* restrict _a = {a_row('_r')};"),
                 cgen.Line(f"{t}* restrict _o = {out_row('_r')};"),
@@ -262,9 +260,6 @@ class StatementBody:
                                op="emit", where=op.where)
         return handler
 
-    def _after(self, op):
-        """Hook after each operation (the CUDA target puts a barrier there)."""
-
     def _f(self, op):
         return "f" if op.dtype == "float32" else ""
 
@@ -287,12 +282,17 @@ class StatementBody:
             tmpl.format(a=self._at(a, sa, op.shape, idx), b=self._at(b, sb, op.shape, idx), f=self._f(op)))],
             "_e"))
 
+    def _left_operand(self, a):
+        """The left matmul operand (the CUDA target stages it in shared memory)."""
+        return self._operand(a)
+
     def _op_matmul(self, op):
-        (a, sa, _), (b, sb, _) = self._operand(op.inputs[0]), self._operand(op.inputs[1])
+        (a, sa, _), (b, sb, _) = self._left_operand(op.inputs[0]), self._operand(op.inputs[1])
         if len(sa) != 2 or len(sb) != 2:
             raise CompileError(f"matmul of {list(sa)} and {list(sb)}: only 2-D tiles", op="emit", where=op.where)
-        P, K = sa
-        Q = sb[1]
+        self._matmul(op, a, b, sa[0], sa[1], sb[1])
+
+    def _matmul(self, op, a, b, P, K, Q):
         o = self._ref(op)
         self._decl(op)
         self.lines += self._gemm(str(P), K, Q, lambda r: f"{a} + ({r})*{K}", b, lambda r: f"{o} + ({r})*{Q}",

@@ -3,9 +3,10 @@
 * `PyCudaBackend` (the `cuda` extra, imported lazily): nvcc through PyCUDA's compiler cache,
   device buffers, launches checked after every launch, FractalTensors moved to and from the
   device.
-* `EmulatedBackend`: the same `.cu` compiled as C++ for the CPU with a shim (one thread per
-  block, barriers are no-ops) and every block run in turn — so CI, which has nvcc but no
-  GPU, checks what the CUDA generator means, not only that it compiles.
+* `EmulatedBackend`: the same `.cu` compiled as C++ for the CPU with the emulator header
+  (emit/emulate.hpp: threads as fibers, barriers, warp shuffles and WMMA with the tensor
+  cores' rounding), every block run in turn — so CI, which has nvcc but no GPU, checks what
+  the generated CUDA computes, not only that it compiles.
 """
 from __future__ import annotations
 
@@ -18,23 +19,9 @@ from polyft.errors import CompileError, DeviceError
 
 from . import runtime_c
 
-SHIM = r"""
-#include <stdint.h>
-#include <math.h>
-struct polyft_dim3 { unsigned x, y, z; };
-static polyft_dim3 blockIdx, threadIdx = {0, 0, 0};
-static const polyft_dim3 blockDim = {1, 1, 1};
-struct float4 { float x, y, z, w; };
-#define __global__
-#define __device__
-#define __shared__ static
-#define __forceinline__ inline
-#define __launch_bounds__(n)
-#define __align__(n) __attribute__((aligned(n)))
-#define __restrict__ __restrict
-#define __syncthreads() ((void)0)
-extern "C" void polyft_set_block(unsigned x, unsigned y) { blockIdx.x = x; blockIdx.y = y; }
-"""
+with open(os.path.join(os.path.dirname(__file__), "emulate.hpp")) as _f:
+    EMULATOR = _f.read()
+EMULATED_THREADS = 64  # two warps: block-wide and warp-wide barriers both matter
 
 
 def ctx_dtype(layout, params) -> np.dtype:
@@ -60,17 +47,29 @@ def pack_ctx(layout, params, values: dict, pointers: list, shapes: list) -> np.n
 
 
 class EmulatedBackend:
-    """The CUDA source as CPU C++, blocks run one after another."""
+    """The CUDA source as CPU C++ (emit/emulate.hpp): a block's threads are fibers switched
+    at barriers, blocks run one after another."""
 
     name = "emulated"
 
-    def __init__(self, source: str, n_kernels: int):
+    def __init__(self, source: str, arities: list):
         cxx = os.environ.get("CXX", "c++")
-        so = runtime_c.build(SHIM + source, ["-x", "c++", "-std=c++14", "-O1", "-fPIC", "-shared", "-w"],
-                             cc=cxx)
+        wrappers = []
+        for k, n in enumerate(arities):
+            args = ", ".join(["(const ctx_t*)a[0]"] + [f"a[{i + 1}]" for i in range(n)])
+            wrappers.append(f"static void ft_trampoline_k{k}(void* p) {{ const long* a = (const long*)p; "
+                            f"polyft_k{k}({args}); }}\n"
+                            f'extern "C" int polyft_emulate_k{k}(const long* a, long gx, long gy) '
+                            f"{{ return ft_launch(ft_trampoline_k{k}, (void*)a, gx, gy, FT_THREADS); }}")
+        text = "#define FT_EMULATED\n" + EMULATOR + source + "\n".join(wrappers) + "\n"
+        so = runtime_c.build(text, ["-x", "c++", "-std=c++14", "-O1", "-fPIC", "-shared", "-w"], cc=cxx)
         self._lib = ctypes.CDLL(so)
-        self._lib.polyft_set_block.argtypes = [ctypes.c_uint, ctypes.c_uint]
-        self._kernels = [getattr(self._lib, f"polyft_k{k}") for k in range(n_kernels)]
+        self._kernels = []
+        for k in range(len(arities)):
+            fn = getattr(self._lib, f"polyft_emulate_k{k}")
+            fn.argtypes = [ctypes.POINTER(ctypes.c_long), ctypes.c_long, ctypes.c_long]
+            fn.restype = ctypes.c_int
+            self._kernels.append(fn)
 
     def upload(self, arr: np.ndarray):
         return arr, arr.ctypes.data
@@ -82,13 +81,14 @@ class EmulatedBackend:
         return ctx, ctx.ctypes.data
 
     def launch(self, k, grid, args):
-        fn = self._kernels[k]
-        cargs = [ctypes.c_void_p(args[0])] + [ctypes.c_long(int(a)) for a in args[1:]]
         gx, gy = (list(grid) + [1])[:2]
-        for by in range(int(gy)):
-            for bx in range(int(gx)):
-                self._lib.polyft_set_block(bx, by)
-                fn(*cargs)
+        if gx <= 0 or gy <= 0:
+            return
+        a = (ctypes.c_long * len(args))(*[int(x) for x in args])
+        bad = self._kernels[k](a, int(gx), int(gy))
+        if bad:
+            raise DeviceError(f"kernel polyft_k{k}: in block ({(bad - 1) % gx}, {(bad - 1) // gx}) threads wait "
+                              "at barriers the others never reach (a barrier in divergent code)", op="launch")
 
 
 class PyCudaBackend:
@@ -145,17 +145,18 @@ class PyCudaBackend:
 class CudaProgram:
     """Generated CUDA + host driver on a back end; called like the C program."""
 
-    def __init__(self, model, schedule, backend: str = "pycuda"):
+    def __init__(self, model, schedule, backend: str = "pycuda", precision: str = "fp32"):
         from . import cuda_target
-        self.source, self.host, self.layout, n_kernels = cuda_target.generate(model, schedule)
+        threads = EMULATED_THREADS if backend == "emulated" else cuda_target.THREADS
+        self.source, self.host, self.layout, arities = cuda_target.generate(model, schedule, threads, precision)
         self.params = list(model.params)
         namespace: dict = {}
         exec(compile(self.host, "<polyft host driver>", "exec"), namespace)
         self._driver = namespace["run"]
         if backend == "emulated":
-            self.backend = EmulatedBackend(self.source, n_kernels)
+            self.backend = EmulatedBackend(self.source, arities)
         elif backend == "pycuda":
-            self.backend = PyCudaBackend(self.source, n_kernels, cuda_target.THREADS)
+            self.backend = PyCudaBackend(self.source, len(arities), threads)
         else:
             raise CompileError(f"unknown CUDA back end {backend!r}", op="compile")
 

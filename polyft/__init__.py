@@ -22,8 +22,10 @@ def analyze(fn, *inputs_or_specs, schedule="auto", sizes=None, coarsen=None):
     return _analyze(fn, *inputs_or_specs, schedule=schedule, sizes=sizes, coarsen=coarsen)
 
 
-def compile(fn, *inputs_or_specs, target="c", schedule="auto", sizes=None, coarsen=None):
+def compile(fn, *inputs_or_specs, target="c", schedule="auto", sizes=None, coarsen=None, precision="fp32"):
     """Trace, analyse, schedule and generate code for `fn` (target "c", "cuda" or
-    "cuda-emulated"); call the result on inputs."""
+    "cuda-emulated"); call the result on inputs. `precision` of matmul operands on the CUDA
+    targets: "fp32", or "tf32" / "fp16" / "bf16" on tensor cores where the tile shapes allow."""
     from .program import compile as _compile
-    return _compile(fn, *inputs_or_specs, target=target, schedule=schedule, sizes=sizes, coarsen=coarsen)
+    return _compile(fn, *inputs_or_specs, target=target, schedule=schedule, sizes=sizes, coarsen=coarsen,
+                    precision=precision)

@@ -40,15 +40,20 @@ class CompiledProgram(Program):
     """A program with generated code: call it on inputs like the function itself.
 
     target "c": C with OpenMP, run through ctypes; "cuda": CUDA through PyCUDA on a GPU;
-    "cuda-emulated": the same CUDA source run on the CPU, one thread per block (for checking
-    the CUDA generator where there is no GPU).
+    "cuda-emulated": the same CUDA source run on the CPU by an emulator (for checking the
+    CUDA generator where there is no GPU). `precision` (CUDA targets) of matmul operands:
+    "fp32", or "tf32" / "fp16" / "bf16" on tensor cores where the tile shapes allow.
     """
 
-    def __init__(self, fn, args, schedule="auto", sizes=None, target="c", coarsen=None):
+    def __init__(self, fn, args, schedule="auto", sizes=None, target="c", coarsen=None, precision="fp32"):
+        from .errors import PolyftError
         if target not in TARGETS:
-            from .errors import PolyftError
             raise PolyftError(f"unknown target {target!r}; available: {', '.join(TARGETS)}", op="compile")
+        if precision != "fp32" and target == "c":
+            raise PolyftError(f"precision {precision!r} is for the CUDA targets; the C target computes in fp32",
+                              op="compile")
         super().__init__(fn, args, schedule, sizes, coarsen)
+        self.precision = precision
         self.target = target
         if target == "c":
             from emit import c_target
@@ -58,7 +63,8 @@ class CompiledProgram(Program):
             self._run = lambda arrays, values: c_run(arrays, [values[p] for p in self.model.params])
         else:
             from emit.runtime_cuda import CudaProgram
-            cuda = CudaProgram(self.model, self.schedule, "emulated" if target == "cuda-emulated" else "pycuda")
+            cuda = CudaProgram(self.model, self.schedule, "emulated" if target == "cuda-emulated" else "pycuda",
+                               precision)
             self.source, self.host_driver, self.layout = cuda.source, cuda.host, cuda.layout
             self._run = cuda
 
@@ -131,6 +137,8 @@ def analyze(fn, *inputs_or_specs, schedule="auto", sizes=None, coarsen=None) -> 
     return Program(fn, inputs_or_specs, schedule, sizes, coarsen)
 
 
-def compile(fn, *inputs_or_specs, target="c", schedule="auto", sizes=None, coarsen=None) -> CompiledProgram:
-    """Trace, (coarsen,) analyse, schedule and generate code for `fn`; call the result on inputs."""
-    return CompiledProgram(fn, inputs_or_specs, schedule, sizes, target, coarsen)
+def compile(fn, *inputs_or_specs, target="c", schedule="auto", sizes=None, coarsen=None,
+            precision="fp32") -> CompiledProgram:
+    """Trace, (coarsen,) analyse, schedule and generate code for `fn`; call the result on inputs.
+    `precision` of matmul operands on the CUDA targets: "fp32", "tf32", "fp16" or "bf16"."""
+    return CompiledProgram(fn, inputs_or_specs, schedule, sizes, target, coarsen, precision)
