@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+from typing import NamedTuple
 
 import cgen
 import islpy as isl
@@ -28,7 +29,7 @@ from .c_target import _const_decl, prepare, statement_functions
 from .kernels import _BINARY, _UNARY, StatementBody, ctype
 
 THREADS = 256
-SHARED_LIMIT = 48 * 1024
+SHARED_LIMIT = 227 * 1024  # the most a block may opt in to (sm_90); the runtime checks its own GPU
 
 # operand precision of matmuls -> (WMMA element type, k of a fragment); float32 has none
 PRECISIONS = {"fp32": None, "tf32": ("nvcuda::wmma::precision::tf32", 8), "fp16": ("__half", 16),
@@ -42,6 +43,13 @@ PRELUDE = """#include <stdint.h>
 #define floord(n, d) (((n) < 0) ? -((-(n) + (d) - 1) / (d)) : (n) / (d))
 #define min(x, y) ((x) < (y) ? (x) : (y))
 #define max(x, y) ((x) > (y) ? (x) : (y))"""
+
+# every statement's tiles, in dynamic shared memory (the emulator has no launches to size it)
+ARENA = """#ifdef FT_EMULATED
+static __align__(32) unsigned char ft_arena[{n}];
+#else
+extern __shared__ __align__(32) unsigned char ft_arena[];
+#endif"""
 
 
 def _elementwise(op) -> bool:
@@ -64,8 +72,15 @@ class CudaStatementBody(StatementBody):
         if self.batch is not None:
             raise CompileError("the CUDA target does not batch statements", op="emit")
         self.precision = precision
-        self.shared_bytes = 0
-        self.tensor_core_matmuls = 0
+        self.shared_bytes = 0  # the statement's tiles, at offsets 0.. of the block's arena
+
+    def _alloc(self, nbytes: int) -> str:
+        """A place in the shared-memory arena (32-byte aligned, as WMMA wants): the C address.
+        Statements run one after another with a barrier between, so every statement
+        allocates from offset 0 and the arena is as large as the largest statement needs."""
+        off = self.shared_bytes
+        self.shared_bytes += -(-nbytes // 32) * 32
+        return f"(ft_arena + {off})"
 
     # -- planning: who uses what, which adds fold into matmuls -----------------------------
     def _plan(self):
@@ -144,9 +159,12 @@ class CudaStatementBody(StatementBody):
 
     # -- tiles -------------------------------------------------------------------------------
     def _decl(self, op):
-        n = max(1, math.prod(op.shape))
-        self.shared_bytes += n * np.dtype(_np_dtype(op.dtype)).itemsize
-        self.lines.append(cgen.Line(f"__shared__ __align__(32) {ctype(op.dtype)} v{op.id}[{n}];"))
+        self._tile(f"v{op.id}", op.shape, op.dtype)
+
+    def _tile(self, name, shape, dtype):
+        t = ctype(dtype)
+        where = self._alloc(max(1, math.prod(shape)) * np.dtype(_np_dtype(dtype)).itemsize)
+        self.lines.append(cgen.Line(f"{t}* const __restrict__ {name} = ({t}*){where};"))
 
     def _loops(self, shape, body_fn, tag):
         n = max(1, math.prod(shape))
@@ -166,9 +184,8 @@ class CudaStatementBody(StatementBody):
         n = max(1, math.prod(shape))
         if (self.shared_bytes + n * 4) > SHARED_LIMIT // 2:
             return name, shape, dtype  # too big to stage: read it from global memory
-        self.shared_bytes += n * np.dtype(_np_dtype(dtype)).itemsize
         staged = f"{name}_s"
-        self.lines.append(cgen.Line(f"__shared__ __align__(32) {ctype(dtype)} {staged}[{n}];"))
+        self._tile(staged, shape, dtype)
         self.lines.append(cgen.Statement(f"ft::load_tile({staged}, {name}, {n})"))
         return staged, shape, dtype
 
@@ -182,9 +199,8 @@ class CudaStatementBody(StatementBody):
         out, acc = self._ref(into or op), "true" if into is not None else "false"
         tc = PRECISIONS[self.precision]
         if tc and P % 16 == 0 and Q % 16 == 0 and K % tc[1] == 0:
-            self.tensor_core_matmuls += 1
-            self.shared_bytes += 32 * (P + Q)  # TcStage: KC columns of a and rows of b
-            self.lines.append(cgen.Line(f"ft::gemm_tc<{tc[0]}, {P}, {K}, {Q}, {acc}>({out}, {a}, {b});"
+            stage = self._alloc(32 * (P + Q))  # KC columns of a and rows of b, 32 bytes a row
+            self.lines.append(cgen.Line(f"ft::gemm_tc<{tc[0]}, {P}, {K}, {Q}, {acc}>({out}, {a}, {b}, {stage});"
                                         f"  /* tensor cores, {self.precision} operands */"))
         else:
             self.lines.append(cgen.Statement(f"ft::gemm_f32<{P}, {K}, {Q}, {acc}>({out}, {a}, {b})"))
@@ -367,10 +383,17 @@ def _trip(node) -> tuple:
     raise CompileError(f"cannot map the loop over {it} ({cond.to_C_str()}) to a grid", op="emit")
 
 
-def generate(model, schedule, threads: int = THREADS, precision: str = "fp32") -> tuple:
-    """(CUDA source, Python host driver source, Layout, each kernel's number of `long`
-    arguments after the context). `threads` per block (a multiple of 32); `precision` of
-    the matmul operands (PRECISIONS; accumulation is float32 in all)."""
+class CudaModule(NamedTuple):
+    source: str  # CUDA C++
+    host: str  # the Python host driver
+    layout: object  # c_target.Layout
+    arities: list  # per kernel, its number of `long` arguments after the context
+    shared_bytes: int  # the arena of dynamic shared memory each block needs
+
+
+def generate(model, schedule, threads: int = THREADS, precision: str = "fp32") -> CudaModule:
+    """The program as CUDA: `threads` per block (a multiple of 32); `precision` of the matmul
+    operands (PRECISIONS; accumulation is float32 in all)."""
     if precision not in PRECISIONS:
         raise CompileError(f"unknown precision {precision!r}; available: {', '.join(PRECISIONS)}", op="compile")
     if threads % 32 or not 32 <= threads <= 1024:
@@ -378,7 +401,10 @@ def generate(model, schedule, threads: int = THREADS, precision: str = "fp32") -
     etdg = model.etdg
     layout, params, namer, consts, ctx, buffer_ref = prepare(model)
 
+    arena = [32]
+
     def fits(st, body):
+        arena[0] = max(arena[0], body.shared_bytes)
         if body.shared_bytes > SHARED_LIMIT:
             raise CompileError(f"{st.name} keeps {body.shared_bytes} bytes of tiles in shared memory "
                                f"(limit {SHARED_LIMIT}); use smaller tiles", op="emit")
@@ -398,8 +424,9 @@ def generate(model, schedule, threads: int = THREADS, precision: str = "fp32") -
             cgen.Block(setup + lines)))
     consts_c = [cgen.Line("__device__ " + str(_const_decl(n, v)).replace("static const", "const"))
                 for n, v in consts.values()]
-    module = cgen.Module([cgen.Line(f"#define FT_THREADS {threads}"), cgen.Line(PRELUDE), cgen.Line(TILES), ctx,
-                          cgen.Line("")] + consts_c
+    module = cgen.Module([cgen.Line(f"#define FT_THREADS {threads}"), cgen.Line(PRELUDE), cgen.Line(TILES),
+                          cgen.Line(ARENA.format(n=arena[0])), ctx, cgen.Line("")] + consts_c
                          + [cgen.Line("")] + functions + [cgen.Line("")] + kernels)
     host = [f"def run(launch, {', '.join(params + ['_=None'])}):"] + (walker.host or ["    pass"])
-    return str(module) + "\n", "\n".join(host) + "\n", layout, [len(args) - 1 for _, args, _ in walker.kernels]
+    return CudaModule(str(module) + "\n", "\n".join(host) + "\n", layout,
+                      [len(args) - 1 for _, args, _ in walker.kernels], arena[0])

@@ -140,14 +140,24 @@ static inline float ft_round_mantissa(float f, int drop) { /* round to nearest e
   memcpy(&f, &u, 4);
   return f;
 }
-struct __nv_bfloat16 {
-  float f;
-  __nv_bfloat16() : f(0) {}
-  __nv_bfloat16(float x) : f(ft_round_mantissa(x, 16)) {}
-  operator float() const { return f; }
+struct __nv_bfloat16 {  /* the upper half of a float's bits, rounded */
+  uint16_t bits;
+  __nv_bfloat16() : bits(0) {}
+  __nv_bfloat16(float x) {
+    x = ft_round_mantissa(x, 16);
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    bits = (uint16_t)(u >> 16);
+  }
+  operator float() const {
+    const uint32_t u = (uint32_t)bits << 16;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+  }
 };
 static inline __nv_bfloat16 __float2bfloat16(float f) { return __nv_bfloat16(f); }
-static inline float __bfloat162float(__nv_bfloat16 h) { return h.f; }
+static inline float __bfloat162float(__nv_bfloat16 h) { return (float)h; }
 
 /* -- WMMA --------------------------------------------------------------------------------- */
 namespace nvcuda {

@@ -96,7 +96,7 @@ class PyCudaBackend:
 
     name = "pycuda"
 
-    def __init__(self, source: str, n_kernels: int, threads: int):
+    def __init__(self, source: str, n_kernels: int, threads: int, shared_bytes: int):
         try:
             import pycuda.autoprimaryctx  # noqa: F401  (the device's primary context)
             import pycuda.driver as drv
@@ -116,7 +116,15 @@ class PyCudaBackend:
             raise CompileError(f"nvcc failed:\n{msg}\n{runtime_c.source_context(source, msg)}",
                                op="compile", where="generated CUDA") from None
         self._kernels = [self.module.get_function(f"polyft_k{k}") for k in range(n_kernels)]
-        self.threads = threads
+        self.threads, self.shared_bytes = threads, shared_bytes
+        device = drv.Context.get_device()
+        most = device.get_attribute(drv.device_attribute.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        if shared_bytes > most:
+            raise DeviceError(f"a block needs {shared_bytes} bytes of shared memory for its tiles; "
+                              f"{device.name()} allows {most}: use smaller tiles", op="compile")
+        if shared_bytes > 48 * 1024:  # beyond the default, a kernel must opt in
+            for fn in self._kernels:
+                fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes)
 
     def upload(self, arr: np.ndarray):
         d = self.drv.to_device(arr)
@@ -135,7 +143,7 @@ class PyCudaBackend:
             return
         fn = self._kernels[k]
         fn(np.uintp(args[0]), *[np.int64(a) for a in args[1:]], block=(self.threads, 1, 1),
-           grid=(int(gx), int(gy)))
+           grid=(int(gx), int(gy)), shared=self.shared_bytes)
         try:
             self.drv.Context.synchronize()
         except self.drv.Error as e:
@@ -148,15 +156,16 @@ class CudaProgram:
     def __init__(self, model, schedule, backend: str = "pycuda", precision: str = "fp32"):
         from . import cuda_target
         threads = EMULATED_THREADS if backend == "emulated" else cuda_target.THREADS
-        self.source, self.host, self.layout, arities = cuda_target.generate(model, schedule, threads, precision)
+        gen = cuda_target.generate(model, schedule, threads, precision)
+        self.source, self.host, self.layout, self.shared_bytes = gen.source, gen.host, gen.layout, gen.shared_bytes
         self.params = list(model.params)
         namespace: dict = {}
         exec(compile(self.host, "<polyft host driver>", "exec"), namespace)
         self._driver = namespace["run"]
         if backend == "emulated":
-            self.backend = EmulatedBackend(self.source, arities)
+            self.backend = EmulatedBackend(self.source, gen.arities)
         elif backend == "pycuda":
-            self.backend = PyCudaBackend(self.source, len(arities), threads)
+            self.backend = PyCudaBackend(self.source, len(gen.arities), threads, gen.shared_bytes)
         else:
             raise CompileError(f"unknown CUDA back end {backend!r}", op="compile")
 

@@ -136,23 +136,21 @@ template <> struct Precision<nvcuda::wmma::precision::tf32> {
   }
 };
 
-/* Shared memory gemm_tc stages per call: KC columns of a and KC rows of b in precision T. */
-template <typename T, int P, int Q>
-struct TcStage {
-  enum { KC = Precision<T>::K, BYTES = (P + Q) * KC * (int)sizeof(typename Precision<T>::elem) };
-};
-
 /* out[P, Q] = (or +=, ACC) a[P, K] @ b[K, Q], with P, Q multiples of 16 and K of the
-   fragment's k: all threads convert KC columns of a and rows of b into shared memory, then
-   each warp multiplies them into the accumulators of its 16x16 output tiles, which stay in
-   registers for the whole of K and are stored (float) once. */
+   fragment's k: all threads convert KC columns of a and rows of b into shared memory
+   (`stage`, 32 * (P + Q) bytes, 32-byte aligned), then each warp multiplies them into the
+   accumulators of its 16x16 output tiles, which stay in registers for the whole of K and
+   are stored (float) once. */
 template <typename T, int P, int K, int Q, bool ACC>
-__device__ void gemm_tc(float* __restrict__ out, const float* __restrict__ a, const float* __restrict__ b) {
+__device__ void gemm_tc(float* __restrict__ out, const float* __restrict__ a, const float* __restrict__ b,
+                        unsigned char* stage) {
   namespace wmma = nvcuda::wmma;
   typedef Precision<T> Pr;
-  constexpr int KC = TcStage<T, P, Q>::KC, TQ = Q / 16, TILES = (P / 16) * TQ, WARPS = FT_THREADS / 32;
+  constexpr int KC = Pr::K, TQ = Q / 16, TILES = (P / 16) * TQ, WARPS = FT_THREADS / 32;
   constexpr int PER = (TILES + WARPS - 1) / WARPS;
-  __shared__ __align__(32) typename Pr::elem sa[P * KC], sb[KC * Q];
+  static_assert(KC * sizeof(typename Pr::elem) == 32, "a staged row is 32 bytes");
+  typename Pr::elem* const sa = reinterpret_cast<typename Pr::elem*>(stage);
+  typename Pr::elem* const sb = sa + P * KC;
   const int warp = threadIdx.x / 32;
   wmma::fragment<wmma::accumulator, 16, 16, Pr::K, float> acc[PER];
   for (int i = 0; i < PER; i++) {

@@ -9,11 +9,16 @@ import pytest
 
 import polyft as ft
 from emit import cuda_target
-from polyft.errors import DeviceError
+from emit.cuda_target import PRECISIONS, TOLERANCE
+from polyft.errors import CompileError, DeviceError, PolyftError
 from polyft.testing import rel_error
 from polyft.workloads import WORKLOADS
 
 NAMES = list(WORKLOADS)
+# sizes whose tiles allow tensor cores (multiples of 16) for the attention and GEMM workloads
+TENSOR_CORE_SIZES = {"flash_attention": dict(B=1, NH=2, Lq=32, Lk=48, tq=16, tk=16, d=32),
+                     "b2b_gemm": dict(M=32, N=48, K=32, P=32, tm=16, tn=16),
+                     "bigbird": dict(B=1, nb=8, bs=16, d=32)}
 
 
 def _has_gpu() -> bool:
@@ -29,13 +34,72 @@ def _has_gpu() -> bool:
 def test_nvcc_compiles_for_sm80_and_sm90(name, tmp_path):
     mod = WORKLOADS[name]
     prog = ft.analyze(mod.program, *mod.specs("small"))
-    source, _, _, arities = cuda_target.generate(prog.model, prog.schedule)
-    assert len(arities) >= 1
+    gen = cuda_target.generate(prog.model, prog.schedule)
+    assert len(gen.arities) >= 1 and gen.shared_bytes > 0
+    _nvcc(gen.source, tmp_path)
+
+
+def _nvcc(source, tmp_path):
     (tmp_path / "k.cu").write_text(source)
     r = subprocess.run(["nvcc", "-gencode", "arch=compute_80,code=sm_80", "-gencode",
                         "arch=compute_90,code=sm_90", "-c", str(tmp_path / "k.cu"), "-o",
                         str(tmp_path / "k.o")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed on this machine")
+@pytest.mark.parametrize("precision", ["tf32", "fp16", "bf16"])
+@pytest.mark.parametrize("name", list(TENSOR_CORE_SIZES))
+def test_nvcc_compiles_tensor_core_gemms_for_sm80_and_sm90(name, precision, tmp_path):
+    mod = WORKLOADS[name]
+    prog = ft.analyze(mod.program, *mod.inputs("small", **TENSOR_CORE_SIZES[name]))
+    source = cuda_target.generate(prog.model, prog.schedule, precision=precision).source
+    assert f"ft::gemm_tc<{PRECISIONS[precision][0]}," in source
+    _nvcc(source, tmp_path)
+
+
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+@pytest.mark.parametrize("name", list(TENSOR_CORE_SIZES))
+def test_emulated_precisions_within_tolerance(name, precision):
+    """Every matmul of these sizes runs on (emulated) tensor cores unless fp32; the result
+    is within the precision's tolerance of eager float32, and fp32 stays exact to 1e-5."""
+    mod = WORKLOADS[name]
+    inputs = mod.inputs("small", seed=21, **TENSOR_CORE_SIZES[name])
+    prog = ft.compile(mod.program, *inputs, target="cuda-emulated", precision=precision)
+    assert ("ft::gemm_f32<" in prog.source) == (precision == "fp32")
+    assert ("ft::gemm_tc<" in prog.source) == (precision != "fp32")
+    err = rel_error(prog(*inputs), mod.program(*inputs))
+    assert err < TOLERANCE[precision]
+    if precision != "fp32":
+        assert err > 1e-6  # the operands were rounded: the reduced precision is really used
+
+
+def test_shapes_tensor_cores_cannot_take_fall_back_to_fp32():
+    mod = WORKLOADS["flash_attention"]  # the small preset's tiles are 4x8
+    inputs = mod.inputs("small", seed=22)
+    prog = ft.compile(mod.program, *inputs, target="cuda-emulated", precision="fp16")
+    assert "ft::gemm_tc<" not in prog.source.split("namespace ft {")[-1].split("}  // namespace ft")[-1]
+    assert rel_error(prog(*inputs), mod.program(*inputs)) < 1e-5
+
+
+def test_precision_errors():
+    mod = WORKLOADS["b2b_gemm"]
+    with pytest.raises(PolyftError, match="precision 'fp16' is for the CUDA targets"):
+        ft.compile(mod.program, *mod.specs("small"), target="c", precision="fp16")
+    with pytest.raises(CompileError, match="unknown precision 'fp8'"):
+        ft.compile(mod.program, *mod.specs("small"), target="cuda-emulated", precision="fp8")
+
+
+def test_elementwise_runs_are_fused_and_matmul_pairs_accumulate():
+    """stacked_lstm: the gate statement is two matmuls accumulated into one tile plus one
+    fused bias pass; the cell's nine elementwise operations are one pass."""
+    mod = WORKLOADS["stacked_lstm"]
+    prog = ft.compile(mod.program, *mod.specs("small"), target="cuda-emulated")
+    gates, cell = (prog.source.split(f"__device__ static void {n}(")[1].split("\n}\n")[0]
+                   for n in ("S_b3", "S_b0"))
+    assert gates.count("ft::gemm_f32<1, 8, 8, false>") == 1 and gates.count("ft::gemm_f32<1, 8, 8, true>") == 1
+    assert cell.count("for (int _ef = threadIdx.x;") == 1
+    assert cell.count("(ft_arena + ") == 2  # h and c, which are stored; the gates stay in registers
 
 
 @pytest.mark.parametrize("schedule", ["original", "auto"])
@@ -85,3 +149,14 @@ def test_gpu_larger_lstm_equals_eager():
     got = prog(*inputs)
     assert rel_error(got, mod.program(*inputs)) < 1e-5
     assert np.isfinite(got[0].to_numpy()).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _has_gpu(), reason="needs PyCUDA and a CUDA GPU (scripts/gpu_session.sh)")
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+@pytest.mark.parametrize("name", list(TENSOR_CORE_SIZES))
+def test_gpu_precisions_within_tolerance(name, precision):
+    mod = WORKLOADS[name]
+    inputs = mod.inputs("small", seed=23, **TENSOR_CORE_SIZES[name])
+    prog = ft.compile(mod.program, *inputs, target="cuda", precision=precision)
+    assert rel_error(prog(*inputs), mod.program(*inputs)) < TOLERANCE[precision]
