@@ -76,17 +76,35 @@ def context(layout: Layout, params) -> tuple:
     return cgen.Typedef(cgen.Struct("polyft_ctx", fields, declname="ctx_t")), buffer_ref
 
 
+class StatementCalls:
+    """The AST's calls of statement functions (`to_cgen`'s `statement`), remembering which
+    variants are called: (name, None) the plain one, (name, pos) the one batched over
+    argument pos. `ctx` is the context argument's C expression."""
+
+    def __init__(self, ctx: str):
+        self.ctx = ctx
+        self.variants: set = set()
+
+    def __call__(self, name, args, tile):
+        if tile is None:
+            self.variants.add((name, None))
+            return cgen.Statement(f"{name}({', '.join(args + [self.ctx])})")
+        self.variants.add((name, tile[0]))
+        return cgen.Statement(f"{name}_t{tile[0]}({', '.join(args + [tile[1], self.ctx])})")
+
+
 def statement_functions(etdg, namer, buffer_ref, consts: dict, body_class, qualifiers: str, ctx_arg,
-                        check=None, tiled=()) -> list:
-    """One function per statement, `qualifiers name(dims..., ctx)`, whose body `body_class`
-    generates, and for each (name, dim position) in `tiled` a variant `name_t<pos>(dims...,
-    _nb, ctx)` running `_nb` consecutive values of that dim at once (StatementBody's batch);
+                        variants, check=None, tile=TILE) -> list:
+    """The functions of the called `variants` (StatementCalls'): `qualifiers name(dims...,
+    ctx)`, whose body `body_class` generates, and `name_t<pos>(dims..., _nb, ctx)` running
+    `_nb` <= `tile` consecutive values of dim pos at once (StatementBody's batch);
     `check(statement, body)` may reject a body (the CUDA target's shared memory)."""
     functions = []
     by_name = {st.name: st for st in etdg.statements}
-    for st, pos in [(st, None) for st in etdg.statements] + [(by_name[n], p) for n, p in sorted(tiled)]:
+    for name, pos in sorted(variants, key=lambda v: (v[0], -1 if v[1] is None else v[1])):
+        st = by_name[name]
         names = {d: namer(d) for d in st.dims}
-        batch = (st.dims[pos], TILE) if pos is not None else None
+        batch = (st.dims[pos], tile) if pos is not None else None
         body = body_class(st.ops, lambda d, names=names: names[d], param_c, buffer_ref,
                           lambda v: _const_name(consts, v), batch=batch)
         lines = body.generate()
@@ -114,20 +132,14 @@ def generate(model, schedule) -> tuple:
     layout, params, namer, consts, ctx, buffer_ref = prepare(model)
 
     ast = build_ast(schedule.map, model.context)
-    tiled = set()
-
-    def call(name, args, tile):
-        if tile is None:
-            return cgen.Statement(f"{name}({', '.join(args + ['&ctx'])})")
-        tiled.add((name, tile[0]))
-        return cgen.Statement(f"{name}_t{tile[0]}({', '.join(args + [tile[1], '&ctx'])})")
+    call = StatementCalls("&ctx")
     by_name = {st.name: st for st in etdg.statements}
     tiles = tileable_loops(ast, schedule.parallel, TILE,
                            lambda name, pos: shared_matmul_work(by_name[name].ops, by_name[name].dims[pos]))
     code = to_cgen(ast, schedule.parallel, call, lambda loop: cgen.Block([cgen.Pragma("omp parallel for"), loop]),
                    tiles=tiles)
     functions = statement_functions(etdg, namer, buffer_ref, consts, StatementBody, "static void",
-                                    cgen.Value("const ctx_t* restrict", "c"), tiled=tiled)
+                                    cgen.Value("const ctx_t* restrict", "c"), call.variants)
     setup = [cgen.Line("ctx_t ctx;"), cgen.Line("const ctx_t* c = &ctx;")]
     setup += [cgen.Line(f"const long {p} = ctx.{p} = params[{k}];") for k, p in enumerate(params)]
     for k, b in enumerate(layout.buffers):

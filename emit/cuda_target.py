@@ -24,9 +24,9 @@ import numpy as np
 from polyft.errors import CompileError
 from polyft.etdg import OpNode
 
-from .ast import _children, build_ast, to_cgen
-from .c_target import _const_decl, prepare, statement_functions
-from .kernels import _BINARY, _UNARY, StatementBody, ctype
+from .ast import _children, _loop_key, build_ast, tileable_loops, to_cgen
+from .c_target import TILE, StatementCalls, _const_decl, prepare, statement_functions
+from .kernels import _BINARY, _UNARY, StatementBody, ctype, shared_matmul_work
 
 THREADS = 256
 SHARED_LIMIT = 227 * 1024  # the most a block may opt in to (sm_90); the runtime checks its own GPU
@@ -37,7 +37,7 @@ PRECISIONS = {"fp32": None, "tf32": ("nvcuda::wmma::precision::tf32", 8), "fp16"
 TOLERANCE = {"fp32": 1e-5, "tf32": 1e-3, "fp16": 1e-2, "bf16": 1e-2}  # relative error vs eager float32
 
 with open(os.path.join(os.path.dirname(__file__), "tiles.cuh")) as _f:
-    TILES = _f.read()
+    LIBRARY = _f.read()
 
 PRELUDE = """#include <stdint.h>
 #define floord(n, d) (((n) < 0) ? -((-(n) + (d) - 1) / (d)) : (n) / (d))
@@ -62,6 +62,11 @@ class CudaStatementBody(StatementBody):
     Two fusions save shared memory and passes: a run of elementwise operations of one shape
     becomes one loop (values used only inside the run stay in registers), and `add` of two
     matmuls used nowhere else accumulates the second into the first's tile.
+
+    With a batch (StatementBody's: `_nb` <= TB instances of a parallel loop), tiles that
+    depend on it hold TB instances; a matmul of their rows by a shared matrix becomes one
+    GEMM of TB * P rows (where tensor cores can take even a 1-row LSTM step), elementwise
+    runs cover all instances' elements at once, other operations loop over the instances.
     """
 
     RESTRICT = "__restrict__"
@@ -69,10 +74,9 @@ class CudaStatementBody(StatementBody):
 
     def __init__(self, *args, precision="fp32", **kw):
         super().__init__(*args, **kw)
-        if self.batch is not None:
-            raise CompileError("the CUDA target does not batch statements", op="emit")
         self.precision = precision
         self.shared_bytes = 0  # the statement's tiles, at offsets 0.. of the block's arena
+        self.declared: set = set()
 
     def _alloc(self, nbytes: int) -> str:
         """A place in the shared-memory arena (32-byte aligned, as WMMA wants): the C address.
@@ -104,6 +108,8 @@ class CudaStatementBody(StatementBody):
 
     def generate(self) -> list:
         self._plan()
+        if self.batch is not None:
+            self.batched = self._depends_on_batch()
         group: list = []
         for op in self.ops:
             if _elementwise(op) and op not in self.alias:
@@ -113,13 +119,13 @@ class CudaStatementBody(StatementBody):
                 group.append(op)
                 continue
             if op.op == "load":  # only sets a pointer: emitted at once, a run goes on past it
-                self._op_load(op)
+                self._batched(op) if op in self.batched else self._op_load(op)
                 continue
             if group:
                 self._fused(group)
                 group = []
             if op not in self.alias:
-                self._handler(op)(op)
+                self._batched(op) if op in self.batched else self._handler(op)(op)
                 self._barrier()
         if group:
             self._fused(group)
@@ -128,6 +134,10 @@ class CudaStatementBody(StatementBody):
     def _barrier(self):
         self.lines.append(cgen.Statement("__syncthreads()"))
 
+    def _between_instances(self, op) -> list:
+        """A barrier where the next instance reuses a tile this one staged."""
+        return [] if op.op in ("load", "store") else [cgen.Statement("__syncthreads()")]
+
     def _fused(self, group):
         """One pass over the elements for a run of elementwise operations: each value is a
         register; those used after the run are also written to their shared tile."""
@@ -135,9 +145,12 @@ class CudaStatementBody(StatementBody):
         kept = [op for op in group if any(u not in members for u in self.users[op])]
         for op in kept:
             self._decl(op)
+        shape = group[0].shape
+        n = max(1, math.prod(shape))
+        batched = any(op in self.batched for op in group)
 
         def body(idx):
-            lines = []
+            lines = [cgen.Line(f"const int _b = _ef / {n};")] if batched else []
             for op in group:
                 vals = []
                 for a in op.inputs:
@@ -152,29 +165,56 @@ class CudaStatementBody(StatementBody):
                     expr = _BINARY[op.op].format(a=vals[0], b=vals[1], f=self._f(op))
                 lines.append(cgen.Line(f"const {ctype(op.dtype)} _t{op.id} = {expr};"))
                 if op in kept:
-                    lines.append(cgen.Assign(f"{self._ref(op)}[{self._flat(op.shape, idx)}]", f"_t{op.id}"))
+                    store = cgen.Assign(f"{self._ref(op)}[{self._flat(op.shape, idx)}]", f"_t{op.id}")
+                    # a value the same for every instance is written by the first instance's threads
+                    lines.append(cgen.If("_b == 0", store) if batched and op not in self.batched else store)
             return lines
-        self.lines.append(self._loops(group[0].shape, body, "_e"))
+        self._in_batch = batched
+        self.lines.append(self._loops(shape, body, "_e", "_nb" if batched else 1))
+        self._in_batch = False
         self._barrier()
 
     # -- tiles -------------------------------------------------------------------------------
     def _decl(self, op):
-        self._tile(f"v{op.id}", op.shape, op.dtype)
+        if op in self.declared or op in self.accumulate:
+            return
+        self.declared.add(op)
+        self._tile(f"v{op.id}", (self.batch[1] if op in self.batched else 1,) + tuple(op.shape), op.dtype)
 
     def _tile(self, name, shape, dtype):
         t = ctype(dtype)
         where = self._alloc(max(1, math.prod(shape)) * np.dtype(_np_dtype(dtype)).itemsize)
         self.lines.append(cgen.Line(f"{t}* const __restrict__ {name} = ({t}*){where};"))
 
-    def _loops(self, shape, body_fn, tag):
+    def _loops(self, shape, body_fn, tag, copies=1):
+        """The elements of `copies` tiles of `shape` strided over the block's threads."""
         n = max(1, math.prod(shape))
         flat = f"{tag}f"
         idx, stride = [], 1
         for d in reversed(range(len(shape))):
             idx.insert(0, f"(({flat} / {stride}) % {shape[d]})" if stride > 1 else f"({flat} % {shape[d]})")
             stride *= shape[d]
-        return cgen.For(f"int {flat} = threadIdx.x", f"{flat} < {n}", f"{flat} += blockDim.x",
+        count = n if copies == 1 else f"{copies} * {n}"
+        return cgen.For(f"int {flat} = threadIdx.x", f"{flat} < {count}", f"{flat} += blockDim.x",
                         cgen.Block(body_fn(idx)))
+
+    def _matmul_shared_right(self, op) -> list:
+        """Every instance's rows times one shared matrix: a GEMM of TB * P rows (rows of
+        missing instances are zeros from a load, whatever a computed tile holds: their
+        results are never stored)."""
+        outer, self.lines, self._in_batch = self.lines, [], False
+        a_op, (b, sb, _) = op.inputs[0], self._operand(op.inputs[1])
+        P, K = a_op.shape
+        rows = self.batch[1] * P
+        a = f"v{a_op.id}"
+        if a_op.op == "load":  # gather the instances' tiles into one
+            a = f"{a}_s"
+            self._tile(a, (rows, K), a_op.dtype)
+            self.lines.append(cgen.Statement(f"ft::gather_tiles<{ctype(a_op.dtype)}, {self.batch[1]}, {P * K}>"
+                                             f"({a}, v{a_op.id}, _nb)"))
+        self._matmul(op, a, b, rows, K, sb[1])
+        body, self.lines, self._in_batch = self.lines, outer, True
+        return body
 
     def _left_operand(self, a):
         """An operand tile in shared memory: loads are copied in cooperatively first."""
@@ -184,7 +224,7 @@ class CudaStatementBody(StatementBody):
         n = max(1, math.prod(shape))
         if (self.shared_bytes + n * 4) > SHARED_LIMIT // 2:
             return name, shape, dtype  # too big to stage: read it from global memory
-        staged = f"{name}_s"
+        staged = f"v{a.id}_s"
         self._tile(staged, shape, dtype)
         self.lines.append(cgen.Statement(f"ft::load_tile({staged}, {name}, {n})"))
         return staged, shape, dtype
@@ -300,11 +340,15 @@ def py_expr(e: isl.AstExpr) -> str:
 
 
 class _Kernels:
-    """Walks the AST: host code (Python lines) outside parallel loops, kernels inside."""
+    """Walks the AST: host code (Python lines) outside parallel loops, kernels inside.
 
-    def __init__(self, parallel, statement):
+    A loop in `tiles` (emit.ast.tileable_loops) runs `tb` iterations per block (or per
+    step, inside a kernel); the statements under it are called in their batched form."""
+
+    def __init__(self, parallel, tiles: dict, tb: int):
         self.parallel = parallel
-        self.statement = statement  # (name, C args) -> cgen call
+        self.tiles, self.tb = tiles, tb
+        self.statement = StatementCalls("c")
         self.kernels = []  # cgen FunctionBody
         self.host = []
 
@@ -329,13 +373,16 @@ class _Kernels:
                     it2 = inner.for_get_iterator().get_id().get_name()
                     if self.parallel[int(it2[1:])] and not _mentions(inner, it):
                         loops.append(inner)
+                tiled = [_loop_key(lp) in self.tiles for lp in loops]
                 k = self._kernel(loops[-1].for_get_body(), outer, [lp.for_get_iterator().get_id().get_name()
-                                                                   for lp in loops])
-                grid, los = [], []
-                for lp in loops:
+                                                                   for lp in loops], tiled)
+                grid, los, counts = [], [], []
+                for lp, tl in zip(loops, tiled):
                     lo, n = _trip(lp)
-                    grid.append(n)
+                    grid.append(f"(({n}) + {self.tb - 1}) // {self.tb}" if tl else n)
                     los.append(lo)
+                    counts += [n] if tl else []
+                los += counts
                 self.host.append(f"{pad}launch({k}, ({', '.join(grid)},), ({', '.join(los)},), "
                                  f"({', '.join(outer + [''])}))")
             else:
@@ -349,13 +396,24 @@ class _Kernels:
         else:
             raise NotImplementedError(f"ISL AST node {t} on the host")
 
-    def _kernel(self, body, outer, its) -> int:
-        """A kernel running `body` with `its` bound to block indices (x, then y)."""
+    def _kernel(self, body, outer, its, tiled=()) -> int:
+        """A kernel running `body` with `its` bound to block indices (x, then y); a tiled one
+        to `tb` iterations from there (at most n<d>, its trip count, minus those before)."""
         k = len(self.kernels)
-        code = to_cgen(body, [False] * len(self.parallel), self.statement, lambda loop: loop)
-        lines = [cgen.Line(f"const long {it} = lo{d} + blockIdx.{'xy'[d]};") for d, it in enumerate(its)]
+        lines, tile = [], None
+        for d, (it, tl) in enumerate(zip(its, tiled or [False] * len(its))):
+            xy = "xy"[d]
+            if tl:
+                lines.append(cgen.Line(f"const long {it} = lo{d} + (long)blockIdx.{xy} * {self.tb};"))
+                lines.append(cgen.Line(f"const long {it}_n = min({self.tb}, n{d} - (long)blockIdx.{xy} * {self.tb});"))
+                tile = (it, f"{it}_n")
+            else:
+                lines.append(cgen.Line(f"const long {it} = lo{d} + blockIdx.{xy};"))
+        code = to_cgen(body, [False] * len(self.parallel), self.statement, lambda loop: loop,
+                       tiles=self.tiles, tile=tile)
         args = [cgen.Value("const ctx_t* __restrict__", "c")]
         args += [cgen.Value("const long", f"lo{d}") for d in range(len(its))]
+        args += [cgen.Value("const long", f"n{d}") for d, tl in enumerate(tiled) if tl]
         args += [cgen.Value("const long", o) for o in outer]
         self.kernels.append((k, args, lines + [code]))
         return k
@@ -391,30 +449,47 @@ class CudaModule(NamedTuple):
     shared_bytes: int  # the arena of dynamic shared memory each block needs
 
 
+class SharedMemoryError(CompileError):
+    """A statement's tiles do not fit in a block's shared memory."""
+
+
 def generate(model, schedule, threads: int = THREADS, precision: str = "fp32") -> CudaModule:
     """The program as CUDA: `threads` per block (a multiple of 32); `precision` of the matmul
-    operands (PRECISIONS; accumulation is float32 in all)."""
+    operands (PRECISIONS; accumulation is float32 in all). The parallel loop whose
+    statements gain most (emit.ast.tileable_loops) runs TILE instances per block, fewer
+    where their tiles would not fit in shared memory, none if even 2 do not."""
     if precision not in PRECISIONS:
         raise CompileError(f"unknown precision {precision!r}; available: {', '.join(PRECISIONS)}", op="compile")
     if threads % 32 or not 32 <= threads <= 1024:
         raise CompileError(f"{threads} threads per block: use a multiple of 32 up to 1024", op="compile")
+    for tb in (TILE, TILE // 2, TILE // 4, 2):
+        try:
+            return _generate(model, schedule, threads, precision, tb)
+        except SharedMemoryError:
+            pass
+    return _generate(model, schedule, threads, precision, None)
+
+
+def _generate(model, schedule, threads, precision, tb) -> CudaModule:
     etdg = model.etdg
     layout, params, namer, consts, ctx, buffer_ref = prepare(model)
-
+    by_name = {st.name: st for st in etdg.statements}
+    ast = build_ast(schedule.map, model.context)
+    tiles = tileable_loops(ast, schedule.parallel, tb,
+                           lambda name, pos: shared_matmul_work(by_name[name].ops, by_name[name].dims[pos])) \
+        if tb else {}
+    walker = _Kernels(schedule.parallel, tiles, tb)
+    walker.host_lines(ast, 1, [])
     arena = [32]
 
     def fits(st, body):
         arena[0] = max(arena[0], body.shared_bytes)
         if body.shared_bytes > SHARED_LIMIT:
-            raise CompileError(f"{st.name} keeps {body.shared_bytes} bytes of tiles in shared memory "
-                               f"(limit {SHARED_LIMIT}); use smaller tiles", op="emit")
+            raise SharedMemoryError(f"{st.name} keeps {body.shared_bytes} bytes of tiles in shared memory "
+                                    f"(limit {SHARED_LIMIT}); use smaller tiles", op="emit")
     body = functools.partial(CudaStatementBody, precision=precision)
     functions = statement_functions(etdg, namer, buffer_ref, consts, body, "__device__ static void",
-                                    cgen.Value("const ctx_t* __restrict__", "c"), fits)
-
-    ast = build_ast(schedule.map, model.context)
-    walker = _Kernels(schedule.parallel, lambda name, a, tile=None: cgen.Statement(f"{name}({', '.join(a + ['c'])})"))
-    walker.host_lines(ast, 1, [])
+                                    cgen.Value("const ctx_t* __restrict__", "c"), walker.statement.variants, fits, tb)
     kernels = []
     for k, args, lines in walker.kernels:
         setup = [cgen.Line(f"const long {p} = c->{p}; (void){p};") for p in params]
@@ -424,7 +499,7 @@ def generate(model, schedule, threads: int = THREADS, precision: str = "fp32") -
             cgen.Block(setup + lines)))
     consts_c = [cgen.Line("__device__ " + str(_const_decl(n, v)).replace("static const", "const"))
                 for n, v in consts.values()]
-    module = cgen.Module([cgen.Line(f"#define FT_THREADS {threads}"), cgen.Line(PRELUDE), cgen.Line(TILES),
+    module = cgen.Module([cgen.Line(f"#define FT_THREADS {threads}"), cgen.Line(PRELUDE), cgen.Line(LIBRARY),
                           cgen.Line(ARENA.format(n=arena[0])), ctx, cgen.Line("")] + consts_c
                          + [cgen.Line("")] + functions + [cgen.Line("")] + kernels)
     host = [f"def run(launch, {', '.join(params + ['_=None'])}):"] + (walker.host or ["    pass"])

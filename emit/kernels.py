@@ -204,9 +204,14 @@ class StatementBody:
             body = self._matmul_shared_right(op)
         else:
             self._handler(op)(op)
-            body = [cgen.For("int _b = 0", "_b < _nb", "_b++", cgen.Block(self.lines))]
+            end = self._between_instances(op)
+            body = [cgen.For("int _b = 0", "_b < _nb", "_b++", cgen.Block(self.lines + end))]
         self._in_batch = False
         self.lines = outer + body
+
+    def _between_instances(self, op) -> list:
+        """Code after each instance of an operation (the CUDA target's barrier)."""
+        return []
 
     def _matmul_shared_right(self, op) -> list:
         """Rows of every instance times one shared matrix: one matrix-matrix product over all

@@ -24,6 +24,24 @@ __device__ __forceinline__ void load_tile(T* __restrict__ dst, const T* __restri
   __syncthreads();
 }
 
+/* Cooperative gather: the tiles of N elements at src[0..nb-1] (one per instance of a
+   batch) side by side into dst, zeros for instances nb..TB-1; float4 steps where aligned. */
+template <typename T, int TB, int N>
+__device__ __forceinline__ void gather_tiles(T* __restrict__ dst, const T* const* src, int nb) {
+  constexpr int V = sizeof(T) == 4 && N % 4 == 0 ? 4 : 1;  /* elements a thread moves at once */
+  for (int e = threadIdx.x; e < TB * N / V; e += FT_THREADS) {
+    const int b = e / (N / V), k = e % (N / V);
+    if (V == 4 && ((uintptr_t)dst % 16) == 0 && (b >= nb || ((uintptr_t)src[b] % 16) == 0)) {
+      float4 v = {0.0f, 0.0f, 0.0f, 0.0f};
+      if (b < nb) v = reinterpret_cast<const float4*>(src[b])[k];
+      reinterpret_cast<float4*>(dst)[e] = v;
+    } else {
+      for (int i = 0; i < V; i++) dst[e * V + i] = b < nb ? src[b][k * V + i] : T(0);
+    }
+  }
+  __syncthreads();
+}
+
 /* -- row reductions: one warp per row, lanes strided over it, then a butterfly ---------- */
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

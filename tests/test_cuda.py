@@ -16,7 +16,9 @@ from polyft.workloads import WORKLOADS
 
 NAMES = list(WORKLOADS)
 # sizes whose tiles allow tensor cores (multiples of 16) for the attention and GEMM workloads
-TENSOR_CORE_SIZES = {"flash_attention": dict(B=1, NH=2, Lq=32, Lk=48, tq=16, tk=16, d=32),
+# (and for the LSTM, whose 1-row steps become 16-row GEMMs when 16 sentences share a block)
+TENSOR_CORE_SIZES = {"stacked_lstm": dict(N=20, D=3, L=4, H=16),
+                     "flash_attention": dict(B=1, NH=2, Lq=32, Lk=48, tq=16, tk=16, d=32),
                      "b2b_gemm": dict(M=32, N=48, K=32, P=32, tm=16, tn=16),
                      "bigbird": dict(B=1, nb=8, bs=16, d=32)}
 
@@ -90,15 +92,17 @@ def test_precision_errors():
         ft.compile(mod.program, *mod.specs("small"), target="cuda-emulated", precision="fp8")
 
 
-def test_elementwise_runs_are_fused_and_matmul_pairs_accumulate():
-    """stacked_lstm: the gate statement is two matmuls accumulated into one tile plus one
-    fused bias pass; the cell's nine elementwise operations are one pass."""
+def test_batches_fused_elementwise_runs_and_accumulating_matmuls():
+    """stacked_lstm: a block runs 16 sentences (the batch loop is tiled: its grid dim counts
+    tiles); the gate statement is two [16, 8] @ [8, 8] GEMMs accumulated into one tile plus
+    one fused bias pass; the cell's nine elementwise operations are one pass."""
     mod = WORKLOADS["stacked_lstm"]
     prog = ft.compile(mod.program, *mod.specs("small"), target="cuda-emulated")
-    gates, cell = (prog.source.split(f"__device__ static void {n}(")[1].split("\n}\n")[0]
+    assert "+ 15) // 16" in prog.host_driver
+    gates, cell = (prog.source.split(f"__device__ static void {n}_t0(")[1].split("\n}\n")[0]
                    for n in ("S_b3", "S_b0"))
-    assert gates.count("ft::gemm_f32<1, 8, 8, false>") == 1 and gates.count("ft::gemm_f32<1, 8, 8, true>") == 1
-    assert cell.count("for (int _ef = threadIdx.x;") == 1
+    assert gates.count("ft::gemm_f32<16, 8, 8, false>") == 1 and gates.count("ft::gemm_f32<16, 8, 8, true>") == 1
+    assert cell.count("for (int _ef = threadIdx.x; _ef < _nb * 8;") == 1
     assert cell.count("(ft_arena + ") == 2  # h and c, which are stored; the gates stay in registers
 
 
@@ -119,7 +123,7 @@ def test_wavefront_launches_one_kernel_per_step():
     assert "while (c1 < ((D + L) - 1)):" in prog.host_driver
     assert prog.host_driver.count("launch(") == 1
     assert "blockIdx.y" in prog.source and "__syncthreads()" in prog.source
-    assert "ft::load_tile" in prog.source
+    assert "ft::gather_tiles<float, 16, 8>" in prog.source  # the batch's rows, for one GEMM
 
 
 @pytest.mark.skipif(_has_gpu(), reason="checks the error on machines without a GPU")

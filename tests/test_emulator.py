@@ -5,7 +5,7 @@ and each tile routine against numpy, with the tensor cores' rounding written dif
 import numpy as np
 import pytest
 
-from emit.cuda_target import PRELUDE, TILES
+from emit.cuda_target import LIBRARY, PRELUDE
 from emit.runtime_cuda import EmulatedBackend
 from polyft.errors import DeviceError
 from polyft.testing import rel_error
@@ -16,7 +16,7 @@ THREADS = 64
 def run_kernel(body: str, *arrays, grid=(1,)):
     """Runs `body` as the kernel polyft_k0 with `c->b<k>` pointing at arrays[k] (float32)."""
     fields = " ".join(f"float* b{k};" for k in range(len(arrays)))
-    source = (f"#define FT_THREADS {THREADS}\n{PRELUDE}\n{TILES}\ntypedef struct {{ {fields} }} ctx_t;\n"
+    source = (f"#define FT_THREADS {THREADS}\n{PRELUDE}\n{LIBRARY}\ntypedef struct {{ {fields} }} ctx_t;\n"
               f'extern "C" __global__ void polyft_k0(const ctx_t* __restrict__ c) {{\n{body}\n}}\n')
     backend = EmulatedBackend(source, [0])
     for a in arrays:
@@ -131,3 +131,16 @@ def test_gemm_on_tensor_cores_rounds_operands_and_accumulates_in_float(precision
     assert rel_error(out, want) < 1e-6  # only the float32 accumulation order differs
     assert rel_error(acc, want + c0) < 1e-6
     assert rel_error(out, a.astype(np.float64) @ b) > 1e-6  # the operands really were rounded
+
+
+@pytest.mark.parametrize("n, nb", [(8, 3), (6, 4), (12, 0)])
+def test_gather_tiles_side_by_side_with_zeros_after_the_batch(n, nb):
+    x = np.random.default_rng(n).standard_normal((5, n)).astype(np.float32)
+    out = np.full((4, n), np.nan, np.float32)
+    run_kernel(f"""
+  const float* src[4];
+  for (int b = 0; b < 4; b++) src[b] = c->b0 + ((3 * b + 1) % 5) * {n};
+  ft::gather_tiles<float, 4, {n}>(c->b1, src, {nb});""", x, out)
+    want = np.zeros((4, n), np.float32)
+    want[:nb] = x[[(3 * b + 1) % 5 for b in range(nb)]]
+    np.testing.assert_array_equal(out, want)
