@@ -75,16 +75,27 @@ class CudaStatementBody(StatementBody):
     def __init__(self, *args, precision="fp32", **kw):
         super().__init__(*args, **kw)
         self.precision = precision
-        self.shared_bytes = 0  # the statement's tiles, at offsets 0.. of the block's arena
+        self.shared_bytes = 0  # the most of the block's arena the statement's tiles take
+        self.live: list = []  # (offset, bytes, owner): an OpNode's tile, or "tmp" for one operation
         self.declared: set = set()
 
-    def _alloc(self, nbytes: int) -> str:
-        """A place in the shared-memory arena (32-byte aligned, as WMMA wants): the C address.
-        Statements run one after another with a barrier between, so every statement
-        allocates from offset 0 and the arena is as large as the largest statement needs."""
-        off = self.shared_bytes
-        self.shared_bytes += -(-nbytes // 32) * 32
-        return f"(ft_arena + {off})"
+    def _alloc(self, nbytes: int, owner) -> str:
+        """A place in the shared-memory arena (32-byte aligned, as WMMA wants), the first gap
+        that fits: the C address. Statements run one after another with a barrier between,
+        so each allocates from offset 0; within one, a tile's place is free again once the
+        operation that reads it last has passed its barrier (`_release`)."""
+        size, start = -(-nbytes // 32) * 32, 0
+        for off, n, _ in sorted(self.live, key=lambda t: t[0]):
+            if off - start >= size:
+                break
+            start = max(start, off + n)
+        self.live.append((start, size, owner))
+        self.shared_bytes = max(self.shared_bytes, start + size)
+        return f"(ft_arena + {start})"
+
+    def _release(self, k: int):
+        """After operation k and its barrier: free the temporaries and the tiles read last."""
+        self.live = [t for t in self.live if t[2] != "tmp" and self.last[t[2]] > k]
 
     # -- planning: who uses what, which adds fold into matmuls -----------------------------
     def _plan(self):
@@ -102,6 +113,10 @@ class CudaStatementBody(StatementBody):
                 first, second = sorted(ins, key=self.ops.index)
                 self.accumulate[second] = first
                 self.alias[op] = first
+        self.pos = {op: k for k, op in enumerate(self.ops)}
+        self.last = {op: max([self.pos[u] for u in self.users[op]], default=self.pos[op]) for op in self.ops}
+        for add, first in self.alias.items():  # the sum lives in the first matmul's tile
+            self.last[first] = max(self.last[first], self.last[add])
 
     def _ref(self, op) -> str:
         return super()._ref(self.alias.get(op, op))
@@ -127,6 +142,7 @@ class CudaStatementBody(StatementBody):
             if op not in self.alias:
                 self._batched(op) if op in self.batched else self._handler(op)(op)
                 self._barrier()
+                self._release(self.pos[op])
         if group:
             self._fused(group)
         return self.lines
@@ -173,17 +189,18 @@ class CudaStatementBody(StatementBody):
         self.lines.append(self._loops(shape, body, "_e", "_nb" if batched else 1))
         self._in_batch = False
         self._barrier()
+        self._release(self.pos[group[-1]])
 
     # -- tiles -------------------------------------------------------------------------------
     def _decl(self, op):
         if op in self.declared or op in self.accumulate:
             return
         self.declared.add(op)
-        self._tile(f"v{op.id}", (self.batch[1] if op in self.batched else 1,) + tuple(op.shape), op.dtype)
+        self._tile(f"v{op.id}", (self.batch[1] if op in self.batched else 1,) + tuple(op.shape), op.dtype, op)
 
-    def _tile(self, name, shape, dtype):
+    def _tile(self, name, shape, dtype, owner="tmp"):
         t = ctype(dtype)
-        where = self._alloc(max(1, math.prod(shape)) * np.dtype(_np_dtype(dtype)).itemsize)
+        where = self._alloc(max(1, math.prod(shape)) * np.dtype(_np_dtype(dtype)).itemsize, owner)
         self.lines.append(cgen.Line(f"{t}* const __restrict__ {name} = ({t}*){where};"))
 
     def _loops(self, shape, body_fn, tag, copies=1):
@@ -239,7 +256,7 @@ class CudaStatementBody(StatementBody):
         out, acc = self._ref(into or op), "true" if into is not None else "false"
         tc = PRECISIONS[self.precision]
         if tc and P % 16 == 0 and Q % 16 == 0 and K % tc[1] == 0:
-            stage = self._alloc(32 * (P + Q))  # KC columns of a and rows of b, 32 bytes a row
+            stage = self._alloc(32 * (P + Q), "tmp")  # KC columns of a and rows of b, 32 bytes a row
             self.lines.append(cgen.Line(f"ft::gemm_tc<{tc[0]}, {P}, {K}, {Q}, {acc}>({out}, {a}, {b}, {stage});"
                                         f"  /* tensor cores, {self.precision} operands */"))
         else:

@@ -129,19 +129,11 @@ __device__ void gemm_f32(float* __restrict__ out, const float* __restrict__ a, c
 /* -- GEMM on tensor cores (WMMA) -------------------------------------------------------- */
 /* Per operand precision: the element staged in shared memory, the WMMA fragment type, its k
    extent, and the rounding tf32 needs after a fragment load. */
-template <typename T> struct Precision;
-template <> struct Precision<__half> {
-  typedef __half elem;
-  typedef __half frag;
+template <typename H> struct Precision {  /* fp16 and bf16: staged and multiplied as H */
+  typedef H elem;
+  typedef H frag;
   enum { K = 16 };
-  static __device__ __forceinline__ __half convert(float f) { return __float2half(f); }
-  template <typename F> static __device__ __forceinline__ void round(F&) {}
-};
-template <> struct Precision<__nv_bfloat16> {
-  typedef __nv_bfloat16 elem;
-  typedef __nv_bfloat16 frag;
-  enum { K = 16 };
-  static __device__ __forceinline__ __nv_bfloat16 convert(float f) { return __float2bfloat16(f); }
+  static __device__ __forceinline__ H convert(float f) { return H(f); }
   template <typename F> static __device__ __forceinline__ void round(F&) {}
 };
 template <> struct Precision<nvcuda::wmma::precision::tf32> {

@@ -60,6 +60,21 @@ def test_nvcc_compiles_tensor_core_gemms_for_sm80_and_sm90(name, precision, tmp_
     _nvcc(source, tmp_path)
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed on this machine")
+@pytest.mark.parametrize("name, sizes", [("stacked_lstm", dict(N=256, D=32, L=64, H=1024)),
+                                         ("flash_attention", {}), ("b2b_gemm", {}), ("bigbird", dict(d=128))])
+def test_gpu_benchmark_sizes_fit_a_block_and_compile(name, sizes, tmp_path):
+    """What experiments/gpu_bench.py runs: the tiles fit in the shared memory of an H100 /
+    H200 block (the LSTM batching fewer sentences per block at hidden 1024), on tensor cores,
+    and nvcc compiles them."""
+    mod = WORKLOADS[name]
+    prog = ft.analyze(mod.program, *mod.specs("paper", **sizes))
+    gen = cuda_target.generate(prog.model, prog.schedule, precision="fp16")
+    assert gen.shared_bytes <= cuda_target.SHARED_LIMIT
+    assert "ft::gemm_tc<__half," in gen.source
+    _nvcc(gen.source, tmp_path)
+
+
 @pytest.mark.parametrize("precision", list(PRECISIONS))
 @pytest.mark.parametrize("name", list(TENSOR_CORE_SIZES))
 def test_emulated_precisions_within_tolerance(name, precision):
