@@ -31,6 +31,11 @@ def _has_gpu() -> bool:
         return False
 
 
+# the emulator everywhere; a real GPU where PyCUDA finds one (marker gpu: scripts/gpu_session.sh)
+TARGETS = ["cuda-emulated", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not _has_gpu(), reason="needs PyCUDA and a CUDA GPU (scripts/gpu_session.sh)")])]
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed on this machine")
 @pytest.mark.parametrize("name", NAMES)
 def test_nvcc_compiles_for_sm80_and_sm90(name, tmp_path):
@@ -75,14 +80,15 @@ def test_gpu_benchmark_sizes_fit_a_block_and_compile(name, sizes, tmp_path):
     _nvcc(gen.source, tmp_path)
 
 
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("precision", list(PRECISIONS))
 @pytest.mark.parametrize("name", list(TENSOR_CORE_SIZES))
-def test_emulated_precisions_within_tolerance(name, precision):
-    """Every matmul of these sizes runs on (emulated) tensor cores unless fp32; the result
-    is within the precision's tolerance of eager float32, and fp32 stays exact to 1e-5."""
+def test_precisions_within_tolerance(name, precision, target):
+    """Every matmul of these sizes runs on tensor cores unless fp32; the result is within
+    the precision's tolerance of eager float32, and fp32 stays exact to 1e-5."""
     mod = WORKLOADS[name]
     inputs = mod.inputs("small", seed=21, **TENSOR_CORE_SIZES[name])
-    prog = ft.compile(mod.program, *inputs, target="cuda-emulated", precision=precision)
+    prog = ft.compile(mod.program, *inputs, target=target, precision=precision)
     assert ("ft::gemm_f32<" in prog.source) == (precision == "fp32")
     assert ("ft::gemm_tc<" in prog.source) == (precision != "fp32")
     err = rel_error(prog(*inputs), mod.program(*inputs))
@@ -121,12 +127,13 @@ def test_batches_fused_elementwise_runs_and_accumulating_matmuls():
     assert cell.count("(ft_arena + ") == 2  # h and c, which are stored; the gates stay in registers
 
 
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("schedule", ["original", "auto"])
 @pytest.mark.parametrize("name", NAMES)
-def test_emulated_cuda_equals_eager(name, schedule):
+def test_cuda_equals_eager(name, schedule, target):
     mod = WORKLOADS[name]
     inputs = mod.inputs("small", seed=11)
-    prog = ft.compile(mod.program, *mod.specs("small"), target="cuda-emulated", schedule=schedule)
+    prog = ft.compile(mod.program, *mod.specs("small"), target=target, schedule=schedule)
     assert rel_error(prog(*inputs), mod.program(*inputs)) < 1e-5
 
 
@@ -150,17 +157,6 @@ def test_cuda_without_gpu_is_a_clear_error():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _has_gpu(), reason="needs PyCUDA and a CUDA GPU (scripts/gpu_session.sh)")
-@pytest.mark.parametrize("schedule", ["original", "auto"])
-@pytest.mark.parametrize("name", NAMES)
-def test_gpu_equals_eager(name, schedule):
-    mod = WORKLOADS[name]
-    inputs = mod.inputs("small", seed=5)
-    prog = ft.compile(mod.program, *mod.specs("small"), target="cuda", schedule=schedule)
-    assert rel_error(prog(*inputs), mod.program(*inputs)) < 1e-5
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not _has_gpu(), reason="needs PyCUDA and a CUDA GPU (scripts/gpu_session.sh)")
 def test_gpu_larger_lstm_equals_eager():
     mod = WORKLOADS["stacked_lstm"]
     inputs = mod.inputs("small", seed=6, N=32, D=4, L=16, H=64)
@@ -168,14 +164,3 @@ def test_gpu_larger_lstm_equals_eager():
     got = prog(*inputs)
     assert rel_error(got, mod.program(*inputs)) < 1e-5
     assert np.isfinite(got[0].to_numpy()).all()
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not _has_gpu(), reason="needs PyCUDA and a CUDA GPU (scripts/gpu_session.sh)")
-@pytest.mark.parametrize("precision", list(PRECISIONS))
-@pytest.mark.parametrize("name", list(TENSOR_CORE_SIZES))
-def test_gpu_precisions_within_tolerance(name, precision):
-    mod = WORKLOADS[name]
-    inputs = mod.inputs("small", seed=23, **TENSOR_CORE_SIZES[name])
-    prog = ft.compile(mod.program, *inputs, target="cuda", precision=precision)
-    assert rel_error(prog(*inputs), mod.program(*inputs)) < TOLERANCE[precision]
