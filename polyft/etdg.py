@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .types import FTType, Length
+from .types import FTType, Length, add_terms
 
 # ---------------------------------------------------------------------------------------
 # Iteration dims and quasi-affine expressions over them
@@ -70,10 +70,7 @@ class Aff:
 
     def __add__(self, other):
         o = Aff.of(other)
-        terms = dict(self.terms)
-        for k, v in o.terms.items():
-            terms[k] = terms.get(k, 0) + v
-        return Aff(terms, self.offset + o.offset, self.divs + o.divs)
+        return Aff(add_terms(self.terms, o.terms), self.offset + o.offset, self.divs + o.divs)
 
     __radd__ = __add__
 

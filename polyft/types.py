@@ -26,6 +26,14 @@ def dtype_name(dtype) -> str:
     return np.dtype(dtype).name
 
 
+def add_terms(a: dict, b: dict) -> dict:
+    """The coefficients of a sum of two linear forms ({name: coefficient} each)."""
+    terms = dict(a)
+    for k, v in b.items():
+        terms[k] = terms.get(k, 0) + v
+    return terms
+
+
 class Length:
     """A programmable length: a quasi-affine expression over named parameters."""
 
@@ -52,10 +60,7 @@ class Length:
     # -- algebra ---------------------------------------------------------------------
     def __add__(self, other):
         o = Length.of(other)
-        terms = dict(self.terms)
-        for k, v in o.terms.items():
-            terms[k] = terms.get(k, 0) + v
-        return Length(terms, self.const + o.const, self.floors + o.floors)
+        return Length(add_terms(self.terms, o.terms), self.const + o.const, self.floors + o.floors)
 
     __radd__ = __add__
 

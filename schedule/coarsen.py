@@ -375,6 +375,18 @@ def _horizontal_once(w: _Work, log) -> bool:
     return False
 
 
+def _to_fixpoint(etdg, once, name: str, log):
+    """Applies `once(work, log)` until it finds nothing more to do; flattens what it merged."""
+    log = [] if log is None else log
+    w = _Work(etdg)
+    n0 = len(log)
+    while once(w, log):
+        pass
+    if len(log) > n0:
+        _flatten(w.root, log, name)
+    return w.finish()
+
+
 def horizontal_merge(etdg: ETDG, log: list | None = None) -> ETDG:
     """Merge sibling block nodes with equal dims and operator vectors and no edge between
     them (paper: Γ¹ ∪ Γ² = (i_d1, P1 ∪ P2, G_T = (V1 ∪ V2, E1 ∪ E2), p_d1)), to a fixpoint.
@@ -384,14 +396,7 @@ def horizontal_merge(etdg: ETDG, log: list | None = None) -> ETDG:
     the first writes (then the pair is left alone). With no data between the two, running
     them in one iteration space changes no value (a direct argument; no ISL needed).
     """
-    log = [] if log is None else log
-    w = _Work(etdg)
-    n0 = len(log)
-    while _horizontal_once(w, log):
-        pass
-    if len(log) > n0:
-        _flatten(w.root, log, "horizontal")
-    return w.finish()
+    return _to_fixpoint(etdg, _horizontal_once, "horizontal", log)
 
 
 # ---------------------------------------------------------------------------------------
@@ -664,14 +669,7 @@ def fuse_access_maps(etdg: ETDG, log: list | None = None) -> ETDG:
     The source element was written before the copy read it, and the copy before the reader
     read it, so reading the source directly is legal; the copy and what only fed it go.
     """
-    log = [] if log is None else log
-    w = _Work(etdg)
-    n0 = len(log)
-    while _fuse_once(w, log):
-        pass
-    if len(log) > n0:
-        _flatten(w.root, log, "fuse")
-    return w.finish()
+    return _to_fixpoint(etdg, _fuse_once, "fuse", log)
 
 
 def drop_dead_buffers(etdg: ETDG, log: list | None = None) -> ETDG:
