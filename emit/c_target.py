@@ -7,7 +7,7 @@ from __future__ import annotations
 import cgen
 import numpy as np
 
-from deps.model import _Namer
+from polyft.deps.model import _Namer
 
 from .ast import build_ast, tileable_loops, to_cgen
 from .kernels import StatementBody, ctype, length_c, shared_matmul_work

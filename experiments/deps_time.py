@@ -15,7 +15,7 @@ The ETDG is analysed as traced (ft.analyze would coarsen it first). Writes tidy 
 results/deps_time.csv: workload, preset, lengths (symbolic | concrete), sizes, phase, seconds,
 repeats, device, commit, date.
 
-    python -m experiments.deps_time [--preset paper] [--out results]
+    python -m polyft.experiments.deps_time [--preset paper] [--out results]
 """
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ import time
 import pandas as pd
 
 import polyft as ft
-from deps.analyze import analyze
-from deps.model import build
+from polyft.deps.analyze import analyze
+from polyft.deps.model import build
 from polyft.errors import PolyftError
 from polyft.workloads import WORKLOADS
 
@@ -113,7 +113,7 @@ def run(preset: str = "paper", out_dir: str = "results", repeats: int = REPEATS)
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.deps_time", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m polyft.experiments.deps_time", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="paper")
     parser.add_argument("--out", default="results")

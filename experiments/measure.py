@@ -281,7 +281,7 @@ def sweep(name: str, points: list, preset: str, out_dir: str, repeats: int | Non
 
 
 def main(run, doc: str, argv=None) -> int:
-    """The command line of a timing artefact: `python -m experiments.NAME [--quick | --paper]
+    """The command line of a timing artefact: `python -m polyft.experiments.NAME [--quick | --paper]
     [--out DIR]`, calling run(preset, out_dir)."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     size = ap.add_mutually_exclusive_group()

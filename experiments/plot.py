@@ -15,7 +15,7 @@
 A CSV that is missing is skipped with a message. Only rows with status "ok" are drawn; the
 other systems (absent here) are named in a note under each figure.
 
-    python -m experiments.plot [--out results]
+    python -m polyft.experiments.plot [--out results]
 """
 from __future__ import annotations
 

@@ -23,27 +23,27 @@ class Artefact:
 
 
 ARTEFACTS = {
-    "table5": Artefact("experiments.table5", "Figure 6 / Table 5", {
+    "table5": Artefact("polyft.experiments.table5", "Figure 6 / Table 5", {
         "table5.txt": "T, the wavefront bounds and the transformed access maps of region3 of the stacked RNN, "
                       "as in Figure 6 and Table 5."}),
-    "deps_time": Artefact("experiments.deps_time", "§5 analysis cost", {
+    "deps_time": Artefact("polyft.experiments.deps_time", "§5 analysis cost", {
         "deps_time.csv": "How long tracing, the ISL model and the dependence analysis take per workload at the "
                          "paper's sizes, with symbolic and concrete lengths."}),
-    "schedule_vs_isl": Artefact("experiments.schedule_vs_isl", "§5.2 reordering", {
+    "schedule_vs_isl": Artefact("polyft.experiments.schedule_vs_isl", "§5.2 reordering", {
         "schedule_vs_isl.csv": "Parallel loop dims and sequential steps of polyft's schedule against the nest as "
                                "written and against isl's own scheduler, per workload."}),
-    "cpu_rnn": Artefact("experiments.cpu_rnn", "CPU timings of the RNN family", {
+    "cpu_rnn": Artefact("polyft.experiments.cpu_rnn", "CPU timings of the RNN family", {
         "cpu_rnn.csv": "Eager numpy, generated C (original and auto schedules), torch per-cell loops and "
                        "torch.nn.LSTM on the RNN workloads at a few depths, on the CPU."}),
-    "fig2": Artefact("experiments.fig2", "Figure 2", {
+    "fig2": Artefact("polyft.experiments.fig2", "Figure 2", {
         "fig2.csv": "Time against stack depth of the stacked RNN and the stacked LSTM, every system "
                     "(GPU systems as absent rows where there is no GPU)."}),
-    "fig7": Artefact("experiments.fig7", "Figure 7", {
+    "fig7": Artefact("polyft.experiments.fig7", "Figure 7", {
         "fig7.csv": "End-to-end time of all seven workloads under every system, one shape each."}),
-    "fig8": Artefact("experiments.fig8", "Figure 8", {
+    "fig8": Artefact("polyft.experiments.fig8", "Figure 8", {
         "fig8.csv": "Time of the stacked LSTM, dilated RNN and grid RNN against depth and against sequence "
                     "length, for the \"middle\" and \"large\" models."}),
-    "table7": Artefact("experiments.table7", "Table 7", {
+    "table7": Artefact("polyft.experiments.table7", "Table 7", {
         "table7.csv": "Bytes moved per workload with deferred and with materialised views, modelled exactly "
                       "from the access relations at the paper's shapes.",
         "table7_accesses.csv": "Every read and write behind table7.csv: its access map, kind (view or not) and "
@@ -67,7 +67,7 @@ PLOTS = {
 # files that other scripts (not `polyft reproduce`) write into results/
 OTHER = {
     "table7_ncu.csv": "DRAM / L2 / L1 bytes measured with Nsight Compute on a GPU "
-                      "(python -m experiments.table7 --ncu).",
+                      "(python -m polyft.experiments.table7 --ncu).",
     "gpu_bench.csv": "Generated CUDA against cuDNN, SDPA, cuBLAS and a blocked BigBird on a GPU "
                      "(scripts/gpu_session.sh, experiments/gpu_bench.py).",
 }

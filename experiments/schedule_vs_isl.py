@@ -38,10 +38,10 @@ import islpy as isl
 import pandas as pd
 
 import polyft as ft
-from deps.model import _maps
+from polyft.deps.model import _maps
 from polyft.workloads import WORKLOADS
-from schedule.coarsen import coarsen
-from schedule.schedule import (_parallel_dims, _statement_maps, bands, check_legal, reorder_band,
+from polyft.schedule.coarsen import coarsen
+from polyft.schedule.schedule import (_parallel_dims, _statement_maps, bands, check_legal, reorder_band,
                                sequential_steps)
 
 from .common import meta

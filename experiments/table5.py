@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 
 import polyft as ft
-from deps.analyze import analyze
-from deps.model import build
+from polyft.deps.analyze import analyze
+from polyft.deps.model import build
 from polyft.etdg import ge
 from polyft.workloads import stacked_rnn
-from schedule.lower import lower
-from schedule.reorder import reorder, table
-from schedule.schedule import distances
+from polyft.schedule.lower import lower
+from polyft.schedule.reorder import reorder, table
+from polyft.schedule.schedule import distances
 
 
 def region3(preset: str = "paper"):

@@ -20,7 +20,7 @@ CUDA) is run once inside an NVTX range and profiled, summing over its kernels:
 
     ncu --csv --metrics dram__bytes.sum,lts__t_bytes.sum,l1tex__t_bytes.sum \\
         --nvtx --nvtx-include "table7/" --target-processes all \\
-        python -m experiments.table7 --ncu-child bigbird polyft-cuda-auto
+        python -m polyft.experiments.table7 --ncu-child bigbird polyft-cuda-auto
 
 (DRAM, L2 and L1 bytes as in the paper's Table 7) -> results/table7_ncu.csv. Without a GPU
 or without `ncu` on PATH, `--ncu` stops with an error saying which is missing.
@@ -37,7 +37,7 @@ import sys
 import pandas as pd
 
 import polyft as ft
-from deps.traffic import traffic
+from polyft.deps.traffic import traffic
 from polyft.errors import PolyftError
 from polyft.workloads import WORKLOADS, get
 
@@ -142,7 +142,7 @@ def ncu(out_dir: str = "results") -> pd.DataFrame:
             if system.name not in NCU_SYSTEMS:
                 continue
             cmd = ["ncu", "--csv", "--metrics", ",".join(NCU_METRICS), "--nvtx", "--nvtx-include", f"{NCU_RANGE}/",
-                   "--target-processes", "all", sys.executable, "-m", "experiments.table7", "--ncu-child",
+                   "--target-processes", "all", sys.executable, "-m", "polyft.experiments.table7", "--ncu-child",
                    name, system.name]
             print("[table7]", " ".join(cmd), flush=True)
             if system.absent:
@@ -183,7 +183,7 @@ def _ncu_child(workload: str, system_name: str) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments.table7", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m polyft.experiments.table7", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="the paper's shapes (the model is fast)")

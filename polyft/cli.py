@@ -40,7 +40,7 @@ def cmd_inspect(args) -> int:
             f.write(etdg.to_dot())
         print(f"\nwrote {args.dot}")
     if args.coarsen:
-        from schedule.coarsen import coarsen
+        from polyft.schedule.coarsen import coarsen
         coarsened, log = coarsen(etdg)
         print("\ncoarsening (paper §5.1):")
         print("\n".join(f"  {line}" for line in log) or "  nothing to merge")
@@ -58,7 +58,7 @@ def cmd_inspect(args) -> int:
 
 def _schedules(prog) -> str:
     """Original and transformed schedules side by side, per statement, with T and bounds."""
-    from schedule.reorder import bounds
+    from polyft.schedule.reorder import bounds
     orig, auto, ctx = prog.original_schedule(), prog.schedule, prog.model.context
     lines = ["schedules (original | auto):"]
     for name in auto.per_statement:
@@ -79,7 +79,7 @@ def _schedules(prog) -> str:
 
 
 def cmd_reproduce(args) -> int:
-    from experiments.reproduce import reproduce, summary
+    from polyft.experiments.reproduce import reproduce, summary
     preset = "paper" if args.paper else "quick"
     rows = reproduce(args.artefacts, preset=preset, out_dir=args.out, plots=not args.no_plots)
     print("\n" + summary(rows, args.out))

@@ -10,10 +10,10 @@ class Program:
     """A traced program with its polyhedral model, dependences and schedule (§4.4–§5)."""
 
     def __init__(self, fn, args, schedule="auto", sizes=None, coarsen=None):
-        from deps.analyze import analyze
-        from deps.model import build
-        from schedule.coarsen import coarsen as coarsen_etdg
-        from schedule.schedule import make_schedule
+        from polyft.deps.analyze import analyze
+        from polyft.deps.model import build
+        from polyft.schedule.coarsen import coarsen as coarsen_etdg
+        from polyft.schedule.schedule import make_schedule
         self.fn = fn
         self.traced = trace(fn, *args)
         self.coarsen_log: list = []
@@ -26,7 +26,7 @@ class Program:
         self.schedule = make_schedule(self.model, self.deps, schedule)
 
     def original_schedule(self):
-        from schedule.schedule import make_schedule
+        from polyft.schedule.schedule import make_schedule
         return make_schedule(self.model, self.deps, "original")
 
     def __repr__(self):
@@ -56,13 +56,13 @@ class CompiledProgram(Program):
         self.precision = precision
         self.target = target
         if target == "c":
-            from emit import c_target
-            from emit.runtime_c import CFunction
+            from polyft.emit import c_target
+            from polyft.emit.runtime_c import CFunction
             self.source, self.layout = c_target.generate(self.model, self.schedule)
             c_run = CFunction(self.source)
             self._run = lambda arrays, values: c_run(arrays, [values[p] for p in self.model.params])
         else:
-            from emit.runtime_cuda import CudaProgram
+            from polyft.emit.runtime_cuda import CudaProgram
             cuda = CudaProgram(self.model, self.schedule, "emulated" if target == "cuda-emulated" else "pycuda",
                                precision)
             self.source, self.host_driver, self.layout = cuda.source, cuda.host, cuda.layout

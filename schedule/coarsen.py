@@ -289,7 +289,7 @@ def dataflow_violations(etdg: ETDG) -> list:
     """
     import islpy as isl
 
-    from deps.model import build
+    from polyft.deps.model import build
 
     fake = copy.copy(etdg)
     fake.statements = _access_statements(etdg)

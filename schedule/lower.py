@@ -13,7 +13,7 @@ from __future__ import annotations
 import islpy as isl
 import numpy as np
 
-from deps.model import PolyModel, _access_map, _maps, _Namer, _rename_constraint, _space
+from polyft.deps.model import PolyModel, _access_map, _maps, _Namer, _rename_constraint, _space
 from polyft.errors import ScheduleError
 from polyft.etdg import AccessMap, OpNode
 

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import islpy as isl
 import numpy as np
 
-from deps.analyze import Dependences, _point_set
-from deps.linalg import complete_unimodular, transform_access
-from deps.model import PolyModel
+from polyft.deps.analyze import Dependences, _point_set
+from polyft.deps.linalg import complete_unimodular, transform_access
+from polyft.deps.model import PolyModel
 
 
 def reuse_dims(access: isl.Map, dims) -> list:

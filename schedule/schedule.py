@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 import islpy as isl
 import numpy as np
 
-from deps.analyze import Dependences, _point_set
-from deps.linalg import complete_unimodular, lamport_hyperplane
-from deps.model import PolyModel, _maps, _Namer
+from polyft.deps.analyze import Dependences, _point_set
+from polyft.deps.linalg import complete_unimodular, lamport_hyperplane
+from polyft.deps.model import PolyModel, _maps, _Namer
 from polyft.errors import ScheduleError
 from polyft.etdg import BlockNode
 

@@ -19,4 +19,4 @@ rm -rf /tmp/pycuda-src && mkdir /tmp/pycuda-src && tar xzf .whl/pycuda-*.tar.gz 
 python3 -c "import pycuda.autoprimaryctx, pycuda.driver as d; print('pycuda', d.get_version(), d.Context.get_device().name())" \
   | tee -a "$OUT/device.txt" || exit 1
 python3 -m pytest -q -m gpu tests 2>&1 | tee "$OUT/gpu-tests.log"
-python3 -m experiments.gpu_bench --out "$OUT" 2>&1 | tee "$OUT/gpu-bench.log"
+python3 -m polyft.experiments.gpu_bench --out "$OUT" 2>&1 | tee "$OUT/gpu-bench.log"

@@ -23,8 +23,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import polyft as ft
-from deps.analyze import analyze
-from deps.model import build
+from polyft.deps.analyze import analyze
+from polyft.deps.model import build
 from polyft import interpret
 from polyft.errors import AccessError
 from polyft.etdg import Gather

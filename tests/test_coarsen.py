@@ -7,13 +7,13 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import polyft as ft
-from deps import analyze as deps_analyze
-from deps import model as deps_model
+from polyft.deps import analyze as deps_analyze
+from polyft.deps import model as deps_model
 from polyft import interpret
 from polyft.etdg import BlockNode
 from polyft.testing import rel_error
 from polyft.workloads import WORKLOADS
-from schedule import coarsen as C
+from polyft.schedule import coarsen as C
 
 TOL = 1e-5
 

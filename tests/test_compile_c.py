@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 import polyft as ft
-from emit import c_target, runtime_c
+from polyft.emit import c_target, runtime_c
 from polyft.errors import CompileError, InputError, PolyftError
 from polyft.testing import rel_error
 from polyft.workloads import WORKLOADS, stacked_rnn
@@ -335,7 +335,7 @@ WORKER = textwrap.dedent("""
     while not os.path.exists(go):
         time.sleep(0.005)
     prog = ft.compile(fn, ft.spec("[L]float32[2, 3]"), ft.spec("float32[3, 3]"))
-    from emit.runtime_c import build
+    from polyft.emit.runtime_c import build
     print(json.dumps({"err": rel_error(prog(xs, w), expected), "so": build(prog.source)}))
 """)
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import polyft as ft
-from emit import cuda_target
-from emit.cuda_target import PRECISIONS, TOLERANCE
+from polyft.emit import cuda_target
+from polyft.emit.cuda_target import PRECISIONS, TOLERANCE
 from polyft.errors import CompileError, DeviceError, PolyftError
 from polyft.testing import rel_error
 from polyft.workloads import WORKLOADS

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import polyft as ft
-from deps.analyze import analyze
-from deps.model import build, check_single_assignment
+from polyft.deps.analyze import analyze
+from polyft.deps.model import build, check_single_assignment
 from polyft import cli, interpret
 from polyft.errors import AccessError, LengthMismatchError, SingleAssignmentError
 from polyft.etdg import Aff
@@ -346,14 +346,14 @@ def test_cli_inspect_unknown_workload(capsys):
 @pytest.mark.parametrize("name", sorted(WORKLOADS))
 def test_deps_time_lengths_are_the_inputs_lengths(name):
     """The benchmark's concrete sizes are the lengths that the preset's inputs bind."""
-    from experiments.deps_time import lengths
+    from polyft.experiments.deps_time import lengths
     mod = WORKLOADS[name]
     etdg = ft.trace(mod.program, *mod.specs("small"))
     assert lengths(name, "small") == interpret.bind_params(etdg, mod.inputs("small"))
 
 
 def test_deps_time_writes_tidy_csv(tmp_path):
-    from experiments.deps_time import run
+    from polyft.experiments.deps_time import run
     df = run(preset="small", out_dir=str(tmp_path), repeats=1)
     on_disk = __import__("pandas").read_csv(tmp_path / "deps_time.csv")
     assert list(on_disk.columns) == ["workload", "preset", "lengths", "sizes", "phase", "seconds", "repeats",

@@ -5,8 +5,8 @@ and each tile routine against numpy, with the tensor cores' rounding written dif
 import numpy as np
 import pytest
 
-from emit.cuda_target import LIBRARY, PRELUDE
-from emit.runtime_cuda import EmulatedBackend
+from polyft.emit.cuda_target import LIBRARY, PRELUDE
+from polyft.emit.runtime_cuda import EmulatedBackend
 from polyft.errors import DeviceError
 from polyft.testing import rel_error
 

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments import cpu_rnn, fig2, fig7, fig8, measure, plot, reproduce, table7
+from polyft.experiments import cpu_rnn, fig2, fig7, fig8, measure, plot, reproduce, table7
 from polyft.workloads import WORKLOADS
 
 SWEEPS = {"cpu_rnn": cpu_rnn, "fig2": fig2, "fig7": fig7, "fig8": fig8}
@@ -62,7 +62,7 @@ def test_a_wrong_system_is_a_row_and_fails_the_sweep(tmp_path, monkeypatch):
 
     def with_a_wrong_one(workload):
         out = real(workload)
-        import experiments.baselines as bl
+        import polyft.experiments.baselines as bl
 
         def wrong(inputs, workload=None, sizes=None):
             return bl.Baseline(lambda: None, lambda: np.zeros((2, 2, 4, 1, 8), np.float32))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from deps.linalg import (
+from polyft.deps.linalg import (
     complete_unimodular,
     hermite_normal_form,
     integer_null_space,

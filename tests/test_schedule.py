@@ -29,16 +29,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import polyft as ft
-from deps.analyze import analyze as analyze_deps
-from deps.model import _maps, build
+from polyft.deps.analyze import analyze as analyze_deps
+from polyft.deps.model import _maps, build
 from polyft import interpret
 from polyft.errors import ScheduleError
 from polyft.etdg import BlockNode, ge
 from polyft.testing import rel_error
 from polyft.workloads import WORKLOADS, stacked_rnn
-from schedule.lower import lower
-from schedule.reorder import Reordering, bounds, reorder, transformed_accesses
-from schedule.schedule import distances
+from polyft.schedule.lower import lower
+from polyft.schedule.reorder import Reordering, bounds, reorder, transformed_accesses
+from polyft.schedule.schedule import distances
 
 from nests import KEEPS_LEVEL, Elem, Kit, Level, lift, make_body, nest_inputs, transforms
 

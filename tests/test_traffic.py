@@ -1,11 +1,11 @@
-"""deps.traffic: the Table 7 memory-traffic model, on tiny programs counted by hand.
+"""polyft.deps.traffic: the Table 7 memory-traffic model, on tiny programs counted by hand.
 
 Tiles are float32[1, 4]: 16 bytes each."""
 import islpy as isl
 import pytest
 
 import polyft as ft
-from deps.traffic import count, traffic
+from polyft.deps.traffic import count, traffic
 from polyft.errors import PolyftError
 from polyft.workloads import WORKLOADS
 
@@ -68,7 +68,7 @@ def test_broadcast_reads_are_not_views():
 
 
 def test_workloads_views_and_ratios():
-    from experiments.deps_time import lengths
+    from polyft.experiments.deps_time import lengths
     kinds, ratio = {}, {}
     for name in ("bigbird", "flash_attention", "dilated_rnn", "stacked_lstm"):
         mod = WORKLOADS[name]
