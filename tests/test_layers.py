@@ -149,7 +149,7 @@ def test_wheel_has_one_top_level_name_and_survives_a_package_called_schedule(tmp
              "assert schedule.THIRD_PARTY\n"
              "from polyft.workloads import get\n"
              "w = get('stacked_rnn')\n"
-             "prog = ft.analyze(w.fn, *w.specs(), sizes={'N': 2, 'D': 3, 'L': 4})\n"
+             "prog = ft.analyze(w.program, *w.specs(), sizes={'N': 2, 'D': 3, 'L': 4})\n"
              "print(polyft.schedule.__file__, prog.schedule.sequential_steps)\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(site)
