@@ -41,7 +41,7 @@ import pandas as pd
 import polyft as ft
 from polyft.testing import rel_error
 from polyft.workloads import get
-from polyft.workloads._common import sizes as full_sizes
+from polyft.workloads import sizes as full_sizes
 
 from . import baselines
 from .common import cpu_name, meta
@@ -170,12 +170,12 @@ def time_calls(fn, repeats: int, warmup: int = WARMUP, device: str = "cpu") -> l
     return out
 
 
-def _device_name(device: str) -> str:
+def device_name(device: str) -> str:
     if device == "cpu":
         return cpu_name()
     if gpu_available():
         import torch
-        return torch.cuda.get_device_name()
+        return torch.cuda.getdevice_name()
     return "none (no GPU)"
 
 
@@ -221,7 +221,7 @@ def measure(workload: str, sizes: dict, preset: str = "quick", repeats: int | No
     load, threads = os.getloadavg()[0], set_threads()
     rows = []
     for system in systems(workload):
-        row = dict(common, system=system.name, device=_device_name(system.device), status="ok",
+        row = dict(common, system=system.name, device=device_name(system.device), status="ok",
                    seconds=float("nan"), seconds_min=float("nan"), seconds_max=float("nan"), repeats=0,
                    warmup=0, rel_error=float("nan"), checked_against="", threads=threads,
                    load=round(load, 2), preset=preset, **info, note=system.note)

@@ -344,5 +344,5 @@ if __name__ == "__main__":
     ap.add_argument("--out", default="results", help="the results folder (default: results)")
     args = ap.parse_args()
     run(args.out)
-    from .reproduce import write_index
+    from .registry import write_index
     print(f"[plot] wrote {write_index(args.out)}")

@@ -43,6 +43,7 @@ from polyft.workloads import WORKLOADS, get
 
 from .common import meta
 from .deps_time import lengths
+from .measure import device_name, gpu_available, systems
 
 HIGHLIGHT = ("bigbird", "flash_attention")  # the paper's Table 7
 # the paper's Table 7 (A100, GB of DRAM traffic): FractalTensor and the materialising systems
@@ -111,7 +112,6 @@ def markdown(df: pd.DataFrame) -> str:
 
 def _ncu_available() -> str:
     """'' when ncu can run here, else what is missing."""
-    from .measure import gpu_available
     missing = [] if gpu_available() else ["no GPU"]
     missing += [] if shutil.which("ncu") else ["Nsight Compute's `ncu` not on PATH"]
     return "; ".join(missing)
@@ -135,7 +135,6 @@ def ncu(out_dir: str = "results") -> pd.DataFrame:
     missing = _ncu_available()
     if missing:
         raise PolyftError(f"table7 --ncu needs an NVIDIA GPU and Nsight Compute: {missing}", op="table7")
-    from .measure import systems
     info, rows = meta(), []
     for name in HIGHLIGHT:
         for system in systems(name):
@@ -157,8 +156,7 @@ def ncu(out_dir: str = "results") -> pd.DataFrame:
     df = pd.DataFrame(rows)
     for k, v in info.items():
         df[k] = v
-    from .measure import _device_name
-    df["device"] = _device_name("cuda")
+    df["device"] = device_name("cuda")
     df.to_csv(os.path.join(out_dir, "table7_ncu.csv"), index=False)
     print(df.to_string(index=False))
     return df
@@ -168,7 +166,6 @@ def _ncu_child(workload: str, system_name: str) -> None:
     """Run one system once inside the NVTX range ncu profiles (after two warm-up runs)."""
     import torch
 
-    from .measure import systems
     system = next(s for s in systems(workload) if s.name == system_name)
     mod = get(workload)
     inputs = mod.inputs("paper", seed=1)

@@ -6,8 +6,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT" /tmp/site
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+# polyft itself, editable: deps/ schedule/ emit/ experiments/ import as polyft.* only once installed
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/device.txt"
 CUDA_ROOT=$(dirname "$(dirname "$(command -v nvcc)")")
 ls "$CUDA_ROOT/include/cuda.h" >/dev/null || { echo "no cuda.h under $CUDA_ROOT"; exit 1; }

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from polyft.experiments import cpu_rnn, fig2, fig7, fig8, measure, plot, reproduce, table7
+from polyft.experiments import cpu_rnn, fig2, fig7, fig8, measure, plot, registry, reproduce, table7
 from polyft.workloads import WORKLOADS
 
 SWEEPS = {"cpu_rnn": cpu_rnn, "fig2": fig2, "fig7": fig7, "fig8": fig8}
@@ -128,7 +128,7 @@ def test_plot_skips_missing_csvs(tmp_path):
 def test_index_lists_every_file(tmp_path):
     for f in ("fig2.csv", "fig2.png", "mystery.bin"):
         (tmp_path / f).write_text("x")
-    path = reproduce.write_index(str(tmp_path))
+    path = registry.write_index(str(tmp_path))
     text = open(path).read()
     for f in ("fig2.csv", "fig2.png", "mystery.bin", "README.md"):
         assert f"| {f} |" in text
@@ -137,16 +137,16 @@ def test_index_lists_every_file(tmp_path):
 
 
 def test_registry_describes_every_file_the_artefacts_write():
-    files = reproduce.described()
+    files = registry.described()
     assert {"fig2.csv", "fig7.csv", "fig8.csv", "table7.csv", "fig2.png", "fig7.png", "fig8.png",
             "table7.png", "depth_scaling.csv"} <= set(files)
-    for name, a in reproduce.ARTEFACTS.items():
+    for name, a in registry.ARTEFACTS.items():
         assert a.files, name
     results = os.path.join(os.path.dirname(__file__), "..", "results")
     present = set(os.listdir(results))
     assert present <= set(files), f"results/ files missing from the registry: {present - set(files)}"
     with open(os.path.join(results, "README.md")) as f:  # the committed index is current
-        assert f.read() == reproduce.index_text(results)
+        assert f.read() == registry.index_text(results)
 
 
 def test_reproduce_refuses_unknown_artefacts():

@@ -1,13 +1,15 @@
 """The paper's workloads as polyft programs (Table 6 and Listings 1-4).
 
 Each module has `program`, `PRESETS`, `inputs(preset, seed, **overrides)`,
-`specs(preset, **overrides)` and `DESCRIPTION` (see docs/design.md, "Workloads").
+`specs(preset, **overrides)` and `DESCRIPTION` (see docs/design.md, "Workloads"). `sizes` resolves
+a preset with overrides for any of them (what `inputs` and `specs` use).
 """
 from __future__ import annotations
 
 from polyft.errors import PolyftError
 
 from . import b2b_gemm, bigbird, dilated_rnn, flash_attention, grid_rnn, stacked_lstm, stacked_rnn
+from ._common import sizes
 
 WORKLOADS = {
     "stacked_rnn": stacked_rnn,

@@ -1,0 +1,108 @@
+"""The registry of the paper's artefacts: what each reproduces and every file it writes into
+results/, with one sentence on what the file shows.
+
+It is the one list of artefacts: `polyft reproduce` runs them (reproduce.py), and results/README.md
+is generated from it (write_index), so the index cannot go stale. Both the reproduce driver and the
+plotting script write the index, so it lives below both.
+"""
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Artefact:
+    module: str  # has run(preset, out_dir)
+    paper: str  # what of the paper it reproduces
+    files: dict  # file name in results/ -> one sentence on what it shows
+
+
+ARTEFACTS = {
+    "table5": Artefact("polyft.experiments.table5", "Figure 6 / Table 5", {
+        "table5.txt": "T, the wavefront bounds and the transformed access maps of region3 of the stacked RNN, "
+                      "as in Figure 6 and Table 5."}),
+    "deps_time": Artefact("polyft.experiments.deps_time", "§5 analysis cost", {
+        "deps_time.csv": "How long tracing, the ISL model and the dependence analysis take per workload at the "
+                         "paper's sizes, with symbolic and concrete lengths."}),
+    "schedule_vs_isl": Artefact("polyft.experiments.schedule_vs_isl", "§5.2 reordering", {
+        "schedule_vs_isl.csv": "Parallel loop dims and sequential steps of polyft's schedule against the nest as "
+                               "written and against isl's own scheduler, per workload."}),
+    "cpu_rnn": Artefact("polyft.experiments.cpu_rnn", "CPU timings of the RNN family", {
+        "cpu_rnn.csv": "Eager numpy, generated C (original and auto schedules), torch per-cell loops and "
+                       "torch.nn.LSTM on the RNN workloads at a few depths, on the CPU."}),
+    "fig2": Artefact("polyft.experiments.fig2", "Figure 2", {
+        "fig2.csv": "Time against stack depth of the stacked RNN and the stacked LSTM, every system "
+                    "(GPU systems as absent rows where there is no GPU)."}),
+    "fig7": Artefact("polyft.experiments.fig7", "Figure 7", {
+        "fig7.csv": "End-to-end time of all seven workloads under every system, one shape each."}),
+    "fig8": Artefact("polyft.experiments.fig8", "Figure 8", {
+        "fig8.csv": "Time of the stacked LSTM, dilated RNN and grid RNN against depth and against sequence "
+                    "length, for the \"middle\" and \"large\" models."}),
+    "table7": Artefact("polyft.experiments.table7", "Table 7", {
+        "table7.csv": "Bytes moved per workload with deferred and with materialised views, modelled exactly "
+                      "from the access relations at the paper's shapes.",
+        "table7_accesses.csv": "Every read and write behind table7.csv: its access map, kind (view or not) and "
+                               "tile counts.",
+        "table7.txt": "Table 7 as text: the model's GB per plan and their ratio beside the paper's measured "
+                      "A100 DRAM traffic."}),
+}
+# what the plotting step (experiments/plot.py) draws from the CSVs above
+PLOTS = {
+    "fig2.png": "Figure 2: time (log) against stack depth, one line per system, stacked RNN and stacked LSTM.",
+    "fig7.png": "Figure 7: time (log) per workload and system as bars, with polyft's speedup over the best "
+                "baseline written above each workload.",
+    "fig7_speedup.csv": "The speedups annotated in fig7.png: polyft's time against the fastest baseline per "
+                        "workload.",
+    "fig8.png": "Figure 8: time (log) against depth and against sequence length for three RNNs, two model "
+                "sizes.",
+    "table7.png": "Table 7 (model): GB moved with deferred vs materialised views per workload, with the ratio.",
+    "depth_scaling.csv": "time(deepest) / time(depth 1) per system from fig2 and fig8 (linear growth would "
+                         "equal the depth ratio), and time(depth 20) / time(depth 1) as the paper quotes it.",
+}
+# files that other scripts (not `polyft reproduce`) write into results/
+OTHER = {
+    "table7_ncu.csv": "DRAM / L2 / L1 bytes measured with Nsight Compute on a GPU "
+                      "(python -m polyft.experiments.table7 --ncu).",
+    "gpu_bench.csv": "Generated CUDA against cuDNN, SDPA, cuBLAS and a blocked BigBird on a GPU "
+                     "(scripts/gpu_session.sh, experiments/gpu_bench.py).",
+}
+INDEX = "README.md"
+
+
+def described() -> dict:
+    """Every file results/ may hold -> (who writes it, one sentence)."""
+    out = {f: (name, text) for name, a in ARTEFACTS.items() for f, text in a.files.items()}
+    out.update({f: ("plot", text) for f, text in PLOTS.items()})
+    out.update({f: ("GPU runs", text) for f, text in OTHER.items()})
+    out[INDEX] = ("reproduce", "This index, generated from the registry in experiments/registry.py.")
+    return out
+
+
+def write_index(out_dir: str = "results") -> str:
+    """Write <out_dir>/README.md (index_text) and return its path."""
+    path = os.path.join(out_dir, INDEX)
+    text = index_text(out_dir)
+    with open(path, "w") as fh:
+        fh.write(text)
+    return path
+
+
+def index_text(out_dir: str = "results") -> str:
+    """results/README.md: every file in out_dir with one sentence, from the registry."""
+    known = described()
+    present = sorted({os.path.basename(f) for f in glob.glob(os.path.join(out_dir, "*"))} | {INDEX})
+    lines = ["# results/", "",
+             "Generated by `polyft reproduce` from the registry in experiments/registry.py (do not edit by "
+             "hand). Every CSV is tidy (one row per measurement) with the device, commit, date and preset; "
+             "every PNG is drawn from the CSVs by experiments/plot.py.", "",
+             "| file | written by | what it shows |", "|---|---|---|"]
+    for f in present:
+        who, text = known.get(f, ("?", "not in the registry of experiments/registry.py"))
+        lines.append(f"| {f} | {who} | {text} |")
+    missing = [f for f in known if f not in present]
+    if missing:
+        lines += ["", "Not here (written on a GPU machine, or their artefact was not run into this folder): "
+                  + ", ".join(missing) + "."]
+    return "\n".join(lines) + "\n"
