@@ -1,31 +1,26 @@
 """polyft: polyhedral scheduling of nested-list DNN programs (after FractalTensor, SOSP '24)."""
 from . import errors
-from .types import FTType, Length, Spec, parse_type, spec
+from .affine import Length
+from .types import FTType, Spec, parse_type, spec
 from .fractaltensor import FractalTensor, Zip
 from .operators import map, reduce, foldl, foldr, scanl, scanr, zip, product
 from .elementmath import (tanh, sigmoid, exp, log, sqrt, relu, maximum, minimum, max, sum, mean,
                           softmax, concat, zeros, zeros_like, ones, full, matmul, transpose)
+from .tracing import trace
 
 __version__ = "0.1.0"
 
 
-def trace(fn, *inputs_or_specs):
-    """Trace `fn` on concrete inputs or `ft.spec`s into an ETDG (paper §4.4)."""
-    from .tracing import trace as _trace
-    return _trace(fn, *inputs_or_specs)
+_DRIVER = ("analyze", "compile")  # polyft.program: islpy, cgen and the targets load on first use
 
 
-def analyze(fn, *inputs_or_specs, schedule="auto", sizes=None, coarsen=None):
-    """Trace `fn`, coarsen it (with schedule="auto"), build its polyhedral model and
-    dependences, and schedule it (no code generation)."""
-    from .program import analyze as _analyze
-    return _analyze(fn, *inputs_or_specs, schedule=schedule, sizes=sizes, coarsen=coarsen)
+def __getattr__(name):
+    """PEP 562: `ft.analyze` and `ft.compile` come from the driver, imported on first use."""
+    if name in _DRIVER:
+        from . import program
+        return getattr(program, name)
+    raise AttributeError(f"module 'polyft' has no attribute {name!r}")
 
 
-def compile(fn, *inputs_or_specs, target="c", schedule="auto", sizes=None, coarsen=None, precision="fp32"):
-    """Trace, analyse, schedule and generate code for `fn` (target "c", "cuda" or
-    "cuda-emulated"); call the result on inputs. `precision` of matmul operands on the CUDA
-    targets: "fp32", or "tf32" / "fp16" / "bf16" on tensor cores where the tile shapes allow."""
-    from .program import compile as _compile
-    return _compile(fn, *inputs_or_specs, target=target, schedule=schedule, sizes=sizes, coarsen=coarsen,
-                    precision=precision)
+def __dir__():
+    return sorted([*globals(), *_DRIVER])

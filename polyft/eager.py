@@ -6,11 +6,13 @@ user errors reported at the user's line.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from . import errors
+from . import errors, pytree
 from .errors import EmptyReduceError, ReturnTypeError, StateTypeError
-from .fractaltensor import FractalTensor, ListBase, Zip, check_lists, check_same_length
+from .fractaltensor import FractalTensor, ListBase, Zip, check_lists, check_same_length, unzip
 from .types import DTYPES, FTType
 
 _VALUE_KINDS = "a tensor, a FractalTensor, or a tuple of them"
@@ -48,7 +50,7 @@ def _map(f, xs, unpack: bool):
 
 def _aggregate(op: str, f, xs, init):
     right, scan = op in ("foldr", "scanr"), op.startswith("scan")
-    init = _unzip(init)
+    init = unzip(init)
     order = list(range(len(xs)))
     if right:
         order.reverse()
@@ -80,37 +82,45 @@ def _aggregate(op: str, f, xs, init):
 def _call(op: str, f, args: tuple):
     """Call the user function; a numpy error inside it is reported at the user's line."""
     try:
-        return _unzip(f(*args))
+        return unzip(f(*args))
     except (ValueError, IndexError) as exc:
         raise errors.reraise_from_user_code(op, exc) from exc
 
 
-def _unzip(value):
-    """A zip of lists stands for the tuple of its lists (as under tracing)."""
-    return tuple(value.components) if isinstance(value, Zip) else value
-
-
 # -- values: types, descriptions, assembly ---------------------------------------------------
-def _structure(value):
-    """A hashable key of value's type, lengths ignored; None if value is not a valid result."""
-    if isinstance(value, (np.ndarray, np.generic)):
-        return ("tensor", value.shape, value.dtype.name) if value.dtype.name in DTYPES else None
-    if isinstance(value, FractalTensor):
-        return ("list", value.depth, value.element_shape, value.dtype)
-    if isinstance(value, tuple) and value:
-        keys = tuple(_structure(v) for v in value)
-        return None if None in keys else ("tuple", keys)
+@dataclass(frozen=True)
+class _Leaf:
+    """The type of one leaf of a value, lengths ignored (depth 0: a tensor)."""
+
+    depth: int
+    shape: tuple
+    dtype: str
+
+
+def _leaf_type(x) -> _Leaf | None:
+    if isinstance(x, (np.ndarray, np.generic)):
+        return _Leaf(0, x.shape, x.dtype.name) if x.dtype.name in DTYPES else None
+    if isinstance(x, FractalTensor):
+        return _Leaf(x.depth, x.element_shape, x.dtype)
     return None
 
 
+def _structure(value):
+    """A hashable key of value's type (a pytree of `_Leaf`s); None if value is not a valid result."""
+    key = pytree.map(_leaf_type, value)
+    return None if None in pytree.leaves(key) else key
+
+
 def _describe(value) -> str:
-    if isinstance(value, (np.ndarray, np.generic)):
-        return str(FTType((), value.shape, value.dtype.name))
-    if isinstance(value, ListBase):
-        return repr(value)
-    if isinstance(value, tuple):
-        return "(" + ", ".join(_describe(v) for v in value) + ")"
-    return f"a Python {type(value).__name__}"
+    return pytree.describe(value, _describe_leaf)
+
+
+def _describe_leaf(x) -> str:
+    if isinstance(x, (np.ndarray, np.generic)):
+        return str(FTType((), x.shape, x.dtype.name))
+    if isinstance(x, ListBase):
+        return repr(x)
+    return f"a Python {type(x).__name__}"
 
 
 def _result_key(op: str, value):
@@ -132,23 +142,19 @@ def _state_key(op: str, value, what: str):
 
 def _assemble(results: list):
     """Stack per-element results into lists; tuples of results become tuples of lists (unzip)."""
-    first = results[0]
-    if isinstance(first, tuple):
-        return tuple(_assemble([r[k] for r in results]) for k in range(len(first)))
+    return pytree.map(_stack, *results)
+
+
+def _stack(*items):
+    first = items[0]
     if isinstance(first, FractalTensor):
-        return FractalTensor(results, first.depth + 1, first.element_shape, first.dtype)
-    return FractalTensor([np.asarray(r) for r in results], 1, first.shape, first.dtype.name)
+        return FractalTensor(list(items), first.depth + 1, first.element_shape, first.dtype)
+    return FractalTensor([np.asarray(r) for r in items], 1, first.shape, first.dtype.name)
 
 
 def _empty(key):
     """The empty list (or tuple of them) whose elements would have the type `key`."""
-    if key[0] == "tuple":
-        return tuple(_empty(k) for k in key[1])
-    if key[0] == "list":
-        _, depth, shape, dtype = key
-        return FractalTensor([], depth + 1, shape, dtype)
-    _, shape, dtype = key
-    return FractalTensor([], 1, shape, dtype)
+    return pytree.map(lambda leaf: FractalTensor([], leaf.depth + 1, leaf.shape, leaf.dtype), key)
 
 
 def _zero_list(xs):

@@ -9,7 +9,11 @@ Nodes:
   child block nodes, in program order.
 * `OpNode` (operation node): element math on static-shape tensors; `load`/`store` nodes are
   the edges into and out of buffer nodes and carry the access maps.
-* `AccessMap`: `i_m = M · i_d + o` on one edge, as a list of `Aff` rows.
+* `AccessMap`: `i_m = M · i_d + o` on one edge, as a list of `Aff` rows (`polyft.affine`).
+
+Passes walk the graph with `walk` (every node, in program order), `blocks`, `ops`, and ask a
+sub-graph which buffer nodes it `reads`, `writes` or has `referenced`; `access_maps` gives an
+operation node's edges.
 
 Nested aggregates (a scan whose state is read as `init` on the first iteration and as the
 previous output later) are kept as one block node with a *piecewise* access map: one piece
@@ -24,168 +28,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .types import FTType, Length, add_terms
+from .affine import Aff, Length
+from .types import FTType
 
 # ---------------------------------------------------------------------------------------
-# Iteration dims and quasi-affine expressions over them
-
-
-class IterDim:
-    """One iteration dim of a block node (or a placeholder for a list view's own dim)."""
-
-    _ids = itertools.count()
-
-    def __init__(self, name: str, extent: Length, op: str | None = None):
-        self.name = name
-        self.extent = Length.of(extent)
-        self.op = op  # "map", "scanl", ...; None for a view placeholder
-        self.uid = next(IterDim._ids)
-
-    @property
-    def reversed(self) -> bool:
-        """Right aggregates run their dim from the last index down."""
-        return self.op in ("foldr", "scanr")
-
-    def __repr__(self):
-        return self.name
-
-
-class Aff:
-    """sum(c * dim) + sum(c * floor(aff / d)) + offset, offset a (symbolic) `Length`."""
-
-    __slots__ = ("terms", "offset", "divs")
-
-    def __init__(self, terms=None, offset=0, divs=()):
-        self.terms = {k: v for k, v in (terms or {}).items() if v != 0}
-        self.offset = Length.of(offset)
-        self.divs = tuple(d for d in divs if d[0] != 0)  # (coef, Aff, divisor)
-
-    @staticmethod
-    def of(x) -> "Aff":
-        if isinstance(x, Aff):
-            return x
-        if isinstance(x, IterDim):
-            return Aff({x: 1})
-        return Aff(offset=x)
-
-    def __add__(self, other):
-        o = Aff.of(other)
-        return Aff(add_terms(self.terms, o.terms), self.offset + o.offset, self.divs + o.divs)
-
-    __radd__ = __add__
-
-    def __mul__(self, c: int):
-        c = int(c)
-        return Aff({k: v * c for k, v in self.terms.items()}, self.offset * c,
-                   tuple((d[0] * c, d[1], d[2]) for d in self.divs))
-
-    __rmul__ = __mul__
-
-    def __neg__(self):
-        return self * -1
-
-    def __sub__(self, other):
-        return self + (-Aff.of(other))
-
-    def __rsub__(self, other):
-        return Aff.of(other) - self
-
-    def floordiv(self, d: int) -> "Aff":
-        if d == 1:
-            return self
-        if not self.terms and not self.divs and self.offset.is_concrete:
-            return Aff(offset=self.offset.const // d)
-        return Aff(divs=((1, self, d),))
-
-    def mod(self, d: int) -> "Aff":
-        return self - self.floordiv(d) * d
-
-    def substitute(self, env: dict) -> "Aff":
-        """Replace dims by Affs (dims not in env stay)."""
-        out = Aff(offset=self.offset)
-        for k, v in self.terms.items():
-            out = out + (Aff.of(env[k]) * v if k in env else Aff({k: v}))
-        for c, inner, d in self.divs:
-            out = out + inner.substitute(env).floordiv(d) * c
-        return out
-
-    @property
-    def dims(self) -> set:
-        out = set(self.terms)
-        for _, inner, _ in self.divs:
-            out |= inner.dims
-        return out
-
-    @property
-    def is_affine(self) -> bool:
-        return not self.divs
-
-    @property
-    def constant_value(self):
-        """The integer value when no dim and no parameter is left, else None."""
-        if self.terms or self.divs or not self.offset.is_concrete:
-            return None
-        return self.offset.const
-
-    def coefficient(self, dim) -> int:
-        return self.terms.get(dim, 0)
-
-    def evaluate(self, env: dict, params: dict | None = None) -> int:
-        val = self.offset.evaluate(params or {})
-        for k, v in self.terms.items():
-            val += v * env[k]
-        for c, inner, d in self.divs:
-            val += c * (inner.evaluate(env, params) // d)
-        return val
-
-    def __str__(self):
-        parts = []
-        for k, v in sorted(self.terms.items(), key=lambda kv: kv[0].uid):
-            parts.append(k.name if v == 1 else f"-{k.name}" if v == -1 else f"{v}*{k.name}")
-        for c, inner, d in self.divs:
-            s = f"floor(({inner})/{d})"
-            parts.append(s if c == 1 else f"-{s}" if c == -1 else f"{c}*{s}")
-        off = str(self.offset)
-        if off != "0" or not parts:
-            parts.append(off)
-        text = parts[0]
-        for s in parts[1:]:
-            text += f" - {s[1:]}" if s.startswith("-") else f" + {s}"
-        return text
-
-    __repr__ = __str__
-
-
-@dataclass(frozen=True)
-class Constraint:
-    """`expr >= 0` (kind "ge") or `expr = 0` (kind "eq")."""
-
-    expr: Aff
-    kind: str = "ge"
-
-    def substitute(self, env):
-        return Constraint(self.expr.substitute(env), self.kind)
-
-    def truth(self):
-        """True/False when decidable without dims or parameters, else None."""
-        v = self.expr.constant_value
-        if v is None:
-            return None
-        return v >= 0 if self.kind == "ge" else v == 0
-
-    def holds(self, env, params=None) -> bool:
-        v = self.expr.evaluate(env, params)
-        return v >= 0 if self.kind == "ge" else v == 0
-
-    def __str__(self):
-        # print "k >= 1" rather than "k - 1 >= 0" where the shape allows
-        e = self.expr
-        op = ">=" if self.kind == "ge" else "="
-        off = e.offset
-        if (e.terms or e.divs) and off.is_concrete and off.const != 0:
-            lhs = Aff(e.terms, 0, e.divs)
-            return f"{lhs} {op} {-off.const}"
-        return f"{e} {op} 0"
+# Assumptions on the lengths
 
 
 @dataclass(frozen=True)
@@ -211,14 +58,6 @@ class Assumption:
             return f"{self.expr} divisible by {self.d}"
         c = self.expr.const
         return f"{self.expr - c} >= {-c}" if c and (self.expr.terms or self.expr.floors) else f"{self.expr} >= 0"
-
-
-def eq(a, b) -> Constraint:
-    return Constraint(Aff.of(a) - Aff.of(b), "eq")
-
-
-def ge(a, b) -> Constraint:
-    return Constraint(Aff.of(a) - Aff.of(b), "ge")
 
 
 # ---------------------------------------------------------------------------------------
@@ -406,6 +245,65 @@ class BlockNode:
         return chain
 
 
+# ---------------------------------------------------------------------------------------
+# Walking the graph
+
+
+def walk(node):
+    """The node and every node of its sub-graph, in program order (a block node before its body)."""
+    yield node
+    if isinstance(node, BlockNode):
+        for n in node.body:
+            yield from walk(n)
+
+
+def blocks(node) -> list:
+    """The block nodes of a node's sub-graph, itself first, in program order."""
+    return [n for n in walk(node) if isinstance(n, BlockNode)]
+
+
+def ops(node) -> list:
+    """The operation nodes of a node's sub-graph (an operation node: itself), in program order."""
+    return [n for n in walk(node) if isinstance(n, OpNode)]
+
+
+def reads(node) -> set:
+    """The buffer nodes (resolved) that the sub-graph's loads read, gathers' index buffers included."""
+    out = set()
+    for op in ops(node):
+        if op.op == "load":
+            for pc in op.pieces:
+                if pc.buffer is not None:
+                    out.add(pc.buffer.resolve())
+                out |= {ix.index.resolve() for ix in pc.index if isinstance(ix, Gather)}
+    return out
+
+
+def writes(node) -> set:
+    """The buffer nodes (resolved) that the sub-graph's stores write."""
+    return {op.buffer.resolve() for op in ops(node) if op.op == "store"}
+
+
+def referenced(node) -> set:
+    """The buffer nodes (resolved) that the sub-graph reads or writes."""
+    return reads(node) | writes(node)
+
+
+def access_maps(op: OpNode, dims) -> list:
+    """The access maps on an operation node's edges to buffer nodes, over iteration dims `dims`:
+    a read per piece of a load that reads a buffer, the write of a store, none for the others."""
+    if op.op == "load":
+        return [AccessMap(pc.buffer, tuple(dims), pc.index, pc.conds, "read")
+                for pc in op.pieces if pc.buffer is not None]
+    if op.op == "store":
+        return [AccessMap(op.buffer, tuple(dims), op.index, (), "write")]
+    return []
+
+
+# ---------------------------------------------------------------------------------------
+# Rewriting the graph
+
+
 def set_body(block: BlockNode, body) -> None:
     """Replace a block's sub-graph, making it the parent of the child blocks."""
     block.body = list(body)
@@ -425,13 +323,9 @@ def drop_dead_ops(root: BlockNode) -> None:
                 if isinstance(a, OpNode):
                     mark(a)
 
-    def visit(block):
-        for n in block.body:
-            if isinstance(n, BlockNode):
-                visit(n)
-            elif n.op == "store":
-                mark(n)
-    visit(root)
+    for n in ops(root):
+        if n.op == "store":
+            mark(n)
 
     def sweep(block):
         block.body = [n for n in block.body if isinstance(n, BlockNode) or id(n) in live]
@@ -468,18 +362,11 @@ class Statement:
 
     @property
     def reads(self) -> list:
-        maps = []
-        for op in self.ops:
-            if op.op == "load":
-                for pc in op.pieces:
-                    if pc.buffer is not None:
-                        maps.append(AccessMap(pc.buffer, tuple(self.dims), pc.index, pc.conds, "read"))
-        return maps
+        return [am for op in self.ops if op.op == "load" for am in access_maps(op, self.dims)]
 
     @property
     def writes(self) -> list:
-        return [AccessMap(op.buffer, tuple(self.dims), op.index, (), "write")
-                for op in self.ops if op.op == "store"]
+        return [am for op in self.ops if op.op == "store" for am in access_maps(op, self.dims)]
 
     def regions(self) -> list:
         """The distinct conditions under which the statement's reads come from other places
@@ -512,15 +399,7 @@ class ETDG:
 
     # -- structure -----------------------------------------------------------------
     def blocks(self) -> list:
-        out = []
-
-        def walk(b):
-            out.append(b)
-            for n in b.body:
-                if isinstance(n, BlockNode):
-                    walk(n)
-        walk(self.root)
-        return out
+        return blocks(self.root)
 
     def _statements(self) -> list:
         """Group consecutive operation nodes into statements, with their original schedule.
@@ -531,7 +410,7 @@ class ETDG:
         """
         stmts = []
 
-        def walk(block, prefix):
+        def visit(block, prefix):
             runs, run = [], []
             for n in block.body:
                 if isinstance(n, OpNode):
@@ -551,8 +430,8 @@ class ETDG:
                     name = f"S_{block.name}" + (f"_{k}" if n_runs > 1 else "")
                     stmts.append(Statement(name, block, block.context(), r, prefix + [pos]))
                 else:
-                    walk(r, prefix + [pos] + list(r.dims))
-        walk(self.root, [])
+                    visit(r, prefix + [pos] + list(r.dims))
+        visit(self.root, [])
         return stmts
 
     @property
@@ -570,11 +449,11 @@ class ETDG:
         """Longest root-to-leaf path, each block contributing own(block); an operation node
         on static-shape tensors counts as the element-level block node it lowers to (§5.1),
         contributing its rank, as the paper counts Listing 1: depth 2, dimension 5."""
-        def walk(b):
-            kids = [walk(n) for n in b.body if isinstance(n, BlockNode)]
+        def visit(b):
+            kids = [visit(n) for n in b.body if isinstance(n, BlockNode)]
             leaf = max((len(op.shape) for op in b.body if isinstance(op, OpNode)), default=0)
             return own(b) + max(kids + [own(leaf) if leaf else 0])
-        return walk(self.root)
+        return visit(self.root)
 
     @property
     def depth(self) -> int:
@@ -645,16 +524,11 @@ class ETDG:
                 for a in op.inputs:
                     if isinstance(a, OpNode):
                         out.append(f'  "op{a.id}" -> "op{op.id}";')
-                if op.op == "load":
-                    for pc in op.pieces:
-                        if pc.buffer is not None:
-                            am = AccessMap(pc.buffer, tuple(st.dims), pc.index, pc.conds)
-                            lbl = am.describe().replace('"', "'")
-                            out.append(f'  "{pc.buffer.resolve().name}" -> "op{op.id}" [label="{lbl}"];')
-                if op.op == "store":
-                    am = AccessMap(op.buffer, tuple(st.dims), op.index, (), "write")
+                for am in access_maps(op, st.dims):
+                    ends = [f'"{am.buffer.resolve().name}"', f'"op{op.id}"']
+                    src, dst = ends if am.kind == "read" else ends[::-1]
                     lbl = am.describe().replace('"', "'")
-                    out.append(f'  "op{op.id}" -> "{op.buffer.resolve().name}" [label="{lbl}"];')
+                    out.append(f'  {src} -> {dst} [label="{lbl}"];')
         out.append("}")
         return "\n".join(out)
 

@@ -14,9 +14,11 @@ import operator
 
 import numpy as np
 
+from . import pytree
+from .affine import Length
 from .errors import (AccessError, DepthError, DTypeError, IndexRangeError, LengthMismatchError,
                      RaggedError, ShapeError, WindowError)
-from .types import DTYPES, FTType, Length, dtype_name
+from .types import DTYPES, FTType, dtype_name
 
 
 def is_traced(x) -> bool:
@@ -25,6 +27,12 @@ def is_traced(x) -> bool:
     They all carry `_traced = True`; operators and element math dispatch on it.
     """
     return getattr(x, "_traced", False) is True
+
+
+def unzip(value):
+    """A zip of lists stands for the tuple of its lists (results, states, a program's outputs),
+    at the top of a pytree or inside it."""
+    return pytree.map(lambda leaf: tuple(leaf.components) if isinstance(leaf, Zip) else leaf, value)
 
 
 def check_dtype(dtype, op: str) -> str:
@@ -68,8 +76,14 @@ class ListBase:
     """The operator methods shared by eager lists, traced lists and zips.
 
     Subclasses define `__len__`, `depth`, `__getitem__`, `window`, `gather`, `strided_split`,
-    `strided_merge` and `_repeat`; the other access operators are built from those here, and
-    the compute-operator methods forward to `operators`.
+    `strided_merge` and `_repeat`; the other access operators are built from those here.
+
+    The compute operators as methods (`xs.map(f)`, `xs.reduce(f, init)`, `xs.foldl`, `xs.foldr`,
+    `xs.scanl`, `xs.scanr`) are attached to this class by `polyft.operators`, the layer above
+    that dispatches a compute operator to eager execution or to the tracer, as JAX attaches
+    its array methods. This module cannot define them itself: eager execution and the tracer
+    are built on these classes. Importing `polyft` imports `polyft.operators`, so every list
+    has them.
     """
 
     _traced = False
@@ -123,31 +137,6 @@ class ListBase:
             raise WindowError(f"the window must be a positive odd size to be centred, got {window}",
                               op="shifted_slide")
         return self.window(window, 1, window // 2)
-
-    # -- compute operators as methods (imported late: operators imports this module) ---
-    def map(self, f):
-        from . import operators
-        return operators.map(f, self)
-
-    def reduce(self, f, init=None):
-        from . import operators
-        return operators.reduce(f, self, init)
-
-    def foldl(self, f, init=None):
-        from . import operators
-        return operators.foldl(f, self, init)
-
-    def foldr(self, f, init=None):
-        from . import operators
-        return operators.foldr(f, self, init)
-
-    def scanl(self, f, init=None):
-        from . import operators
-        return operators.scanl(f, self, init)
-
-    def scanr(self, f, init=None):
-        from . import operators
-        return operators.scanr(f, self, init)
 
 
 class FractalTensor(ListBase):

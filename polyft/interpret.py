@@ -11,10 +11,11 @@ import itertools
 
 import numpy as np
 
+from . import pytree
 from .errors import InputError, PolyftError
 from .etdg import ETDG, Gather
 from .fractaltensor import FractalTensor
-from .tracing import eager_op
+from .primitives import PRIMITIVES
 
 
 def bind_params(etdg: ETDG, args) -> dict:
@@ -96,10 +97,8 @@ def run(etdg: ETDG, *args, record=None):
                 written[buf][idx] = True
                 writes.append((buf.name, idx))
             else:
-                args_ = [_operand(a, vals) for a in op.inputs]
-                fn = eager_op(op.op)
-                vals[op] = np.asarray(fn(args_, **op.attrs) if op.op == "concat" else fn(*args_, **op.attrs),
-                                      dtype=op.dtype)
+                operands = [_operand(a, vals) for a in op.inputs]
+                vals[op] = np.asarray(PRIMITIVES[op.op].apply(operands, op.attrs), dtype=op.dtype)
         if record is not None:
             record(st, env, reads, writes)
     return assemble_outputs(etdg, storage)
@@ -132,11 +131,4 @@ def assemble_outputs(etdg, storage):
         b = b.resolve()
         arr = storage[b]
         flat.append(FractalTensor.from_numpy(arr, b.depth) if b.depth else arr)
-    it = iter(flat)
-
-    def rebuild(like):
-        return tuple(rebuild(v) for v in like) if isinstance(like, tuple) else next(it)
-    return rebuild(etdg.out_tree)
-
-
-
+    return pytree.unflatten(pytree.structure(etdg.out_tree), flat)

@@ -2,20 +2,16 @@
 
 A compute operator runs eagerly on numpy (`eager`) unless one of its lists or its init is the
 tracer's, in which case `tracing` records it into the ETDG instead; the user's code is the same.
+This module also gives every list the compute operators as methods (`xs.map(f)`, ...).
 """
 from __future__ import annotations
 
-from . import eager
-from .fractaltensor import Zip, check_lists, is_traced
-
-
-def _leaves(tree) -> list:
-    return [leaf for part in tree for leaf in _leaves(part)] if isinstance(tree, tuple) else [tree]
+from . import eager, pytree, tracing
+from .fractaltensor import ListBase, Zip, check_lists, is_traced
 
 
 def _compute(op: str, f, lists: tuple, init):
-    if any(is_traced(x) for x in (*lists, *_leaves(init))):
-        from . import tracing
+    if any(is_traced(x) for x in (*lists, *pytree.leaves(init))):
         return tracing.traced_compute(op, f, lists, init)
     return eager.compute(op, f, lists, init)
 
@@ -59,3 +55,18 @@ def product(xs, ys) -> Zip:
     """The depth-2 list of pairs `[[(x_i, y_j) for j] for i]`, as a zip of two broadcast views."""
     check_lists((xs, ys), "product")
     return Zip([xs._repeat(ys.length, inner=True), ys._repeat(xs.length, inner=False)], depth=2)
+
+
+def _list_method(fn):
+    def method(self, f, *args):
+        return fn(f, self, *args)
+    method.__name__, method.__qualname__ = fn.__name__, f"ListBase.{fn.__name__}"
+    method.__doc__ = f"`xs.{fn.__name__}(f, ...)` is `ft.{fn.__name__}(f, xs, ...)`: {fn.__doc__}"
+    return method
+
+
+# `xs.map(f)`, `xs.scanl(f, init)`, ...: attached here, where compute operators are dispatched,
+# to the class every list derives from (see `ListBase`'s docstring)
+for _fn in (map, reduce, foldl, foldr, scanl, scanr):
+    setattr(ListBase, _fn.__name__, _list_method(_fn))
+del _fn

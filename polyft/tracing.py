@@ -10,24 +10,26 @@ view's access map.
 from __future__ import annotations
 
 import ast
+import contextlib
 import inspect
 import itertools
-import operator
 import textwrap
 
 import numpy as np
 
-from . import errors
+from . import errors, pytree
+from .affine import Aff, Constraint, IterDim, Length, eq, ge
 from .errors import (AccessError, DepthError, EmptyReduceError, IndexRangeError, LengthMismatchError,
                      RaggedError, ReturnTypeError, StateTypeError, TracerControlFlowError, WindowError)
-from .etdg import (ETDG, Aff, Assumption, BlockNode, Buffer, Constraint, Gather, IterDim, OpNode, Piece,
-                   drop_dead_ops, eq, ge, merge_perfect_nests)
-from .fractaltensor import FractalTensor, ListBase, Zip
-from .types import Length, Spec
+from .etdg import (ETDG, Assumption, BlockNode, Buffer, Gather, OpNode, Piece, drop_dead_ops,
+                   merge_perfect_nests, referenced, walk)
+from .fractaltensor import FractalTensor, ListBase, Zip, unzip
+from .primitives import PRIMITIVES
+from .types import Spec
 
 _DIM_LETTERS = "ijklmnpqrsuvw"
-_LEFT = ("reduce", "foldl", "scanl")
 _RIGHT = ("foldr", "scanr")
+_SCANS = ("scanl", "scanr")
 
 
 class _TraceState:
@@ -136,33 +138,21 @@ class Value:
         return self.shape[0]
 
 
-_DUNDER = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "truediv": operator.truediv,
-           "matmul": operator.matmul, "neg": operator.neg, "getitem": lambda x, key: x[key],
-           "transpose": lambda x: np.swapaxes(x, -1, -2), "copy": np.copy}
-
-
-def eager_op(name: str):
-    """The numpy function an op node denotes (shared by shape inference and interpreters)."""
-    if name in _DUNDER:
-        return _DUNDER[name]
-    from . import elementmath
-    return getattr(elementmath, name)
-
-
 def _dummy(shape, dtype):
     return np.ones(shape, dtype=dtype)
 
 
 def apply_op(name: str, args, attrs) -> Value:
-    """Record element math on traced values; shapes are checked by running numpy on dummies."""
-    if name == "concat":
-        args = _concat_operands(args)
+    """Record the element operation `name` (`primitives.PRIMITIVES`) on traced values; shapes are
+    checked by running its numpy implementation on dummies."""
+    prim = PRIMITIVES[name]
+    if prim.variadic:
+        args = _variadic_operands(name, args)
     vals = [a if isinstance(a, Value) else _const_value(a, name) for a in args]
-    fn = eager_op(name)
     if all(v.const is not None for v in vals):  # constant folding
         with np.errstate(all="ignore"):
-            out = fn(*[v.const for v in vals], **attrs) if name != "concat" else fn([v.const for v in vals], **attrs)
-        return Value(np.shape(out), np.asarray(out).dtype, const=np.asarray(out))
+            out = np.asarray(prim.apply([v.const for v in vals], attrs))
+        return Value(out.shape, out.dtype, const=out)
     with np.errstate(all="ignore"):
         # a Python number stays one, so that numpy's promotion is eager execution's (float16 * 0.5
         # is float16, not float32)
@@ -170,7 +160,7 @@ def apply_op(name: str, args, attrs) -> Value:
                    a if isinstance(a, (int, float)) and not isinstance(a, bool) else v.const
                    for v, a in zip(vals, args)]
         try:
-            out = fn(*dummies, **attrs) if name != "concat" else fn(dummies, **attrs)
+            out = prim.apply(dummies, attrs)
         except errors.PolyftError:
             raise
         except (ValueError, IndexError, TypeError) as e:  # numpy's shape rules said no
@@ -184,11 +174,12 @@ def apply_op(name: str, args, attrs) -> Value:
     return Value(out.shape, out.dtype.name, node, st.block)
 
 
-def _concat_operands(args):
+def _variadic_operands(name, args):
+    """A variadic operation's operands (concat's): given one by one, as one tuple or list, or
+    as a traced list of concrete length."""
     xs = args[0] if len(args) == 1 and not isinstance(args[0], Value) else args
     if isinstance(xs, FTTracer):
-        n = xs._concrete_len("concat")
-        return [xs[i] for i in range(n)]
+        return [xs[i] for i in range(xs._concrete_len(name))]
     return list(xs)
 
 
@@ -511,15 +502,17 @@ def _identity_view(b: Buffer, ctx) -> FTTracer:
 
 
 def _lift(x, op):
-    """Turn a user value into tracer form: Value, FTTracer, tuple/Zip of them."""
+    """Turn a user value into tracer form: a pytree of Values, FTTracers and Zips of them."""
+    return pytree.map(lambda leaf: _lift_leaf(leaf, op), x)
+
+
+def _lift_leaf(x, op):
     if isinstance(x, (Value, FTTracer)):
         return x
     if isinstance(x, FractalTensor):
         return _const_list(x)
     if isinstance(x, Zip):
-        return Zip([_lift(c, op) for c in x.components], x.depth)
-    if isinstance(x, tuple):
-        return tuple(_lift(v, op) for v in x)
+        return Zip([_lift_leaf(c, op) for c in x.components], x.depth)
     if isinstance(x, (np.ndarray, np.generic)):
         return _const_value(np.asarray(x), op)
     if isinstance(x, list):
@@ -529,37 +522,123 @@ def _lift(x, op):
                           op=op)
 
 
-def _unzip(x):
-    """A returned zip counts as a tuple of lists, at the top or inside a returned tuple."""
-    if isinstance(x, Zip):
-        return tuple(x.components)
-    if isinstance(x, tuple):
-        return tuple(_unzip(v) for v in x)
-    return x
-
-
-def _leaves(x) -> list:
-    if isinstance(x, tuple):
-        return [leaf for v in x for leaf in _leaves(v)]
-    return [x]
-
-
-def _rebuild(like, leaves_iter):
-    if isinstance(like, tuple):
-        return tuple(_rebuild(v, leaves_iter) for v in like)
-    return next(leaves_iter)
-
-
 def _type_of(x) -> str:
-    if isinstance(x, tuple):
-        return "(" + ", ".join(_type_of(v) for v in x) + ")"
-    if isinstance(x, Value):
-        return f"{x.dtype}[{', '.join(map(str, x.shape))}]"
-    return x.type_string
+    return pytree.describe(x, lambda leaf: f"{leaf.dtype}[{', '.join(map(str, leaf.shape))}]"
+                           if isinstance(leaf, Value) else leaf.type_string)
 
 
 # ---------------------------------------------------------------------------------------
-# Compute operators
+# Compute operators: one block node with one new iteration dim each
+
+
+def traced_compute(op: str, f, lists, init):
+    """One compute operator on traced lists, recorded as a block node (`map`, scans, folds)."""
+    srcs, n = _sources(lists, op)
+    if op == "map":
+        return _traced_map(f, srcs, n)
+    if op in _SCANS:
+        return _traced_scan(op, f, srcs, n, init)
+    return _traced_fold(op, f, srcs, n, init)
+
+
+def _traced_map(f, srcs, n: Length):
+    """`f` on the element at the new dim's index of every list; each result leaf is written into
+    a fresh buffer, whose identity view is the result."""
+    t = _iter_dim("map", n)
+    with _inside(t) as ctx_out:
+        res = _result(f(*[_element(s, Aff.of(t)) for s in srcs]), "map")
+        outs = [_write_leaf(leaf, ctx_out + [t], None, "map") for leaf in pytree.leaves(res)]
+    return pytree.unflatten(pytree.structure(res), [_identity_view(b, ctx_out) for b in outs])
+
+
+def _traced_scan(op: str, f, srcs, n: Length, init):
+    """The states after every step; without init the first (last, for scanr) element joins them."""
+    state0, views, _ = _aggregate(op, f, srcs, n, init)
+    if init is None:
+        views = [_prepend(v, first, op in _RIGHT, n) for v, first in zip(views, pytree.leaves(state0))]
+    return pytree.unflatten(pytree.structure(state0), views)
+
+
+def _traced_fold(op: str, f, srcs, n: Length, init):
+    """The state after the last step, or the initial state when there is no step."""
+    if init is None and n.is_concrete and n.const == 0:
+        raise EmptyReduceError(f"{op} of an empty list without init", op=op)
+    if init is None and not n.is_concrete:
+        _state().assume(n - 1, f"{op} without init")
+    state0, views, extent = _aggregate(op, f, srcs, n, init)
+    last = Aff.of(0) if op in _RIGHT else Aff.of(extent - 1)
+    some, none = ge(Aff.of(extent), 1), eq(Aff.of(extent), 0)
+    results = []
+    for v, leaf in zip(views, pytree.leaves(state0)):
+        got = v._bind(last)
+        if isinstance(got, Value):
+            pieces = _pieces_of(got)
+        else:  # a list state: its pieces must use the result's places (the init leaf's)
+            pieces = [pc.substitute({g: Aff.of(p) for g, p in zip(got.places, leaf.places)})
+                      for pc in got.pieces]
+        pieces = [pc.restrict((some,)) for pc in pieces]
+        pieces += _state_pieces(leaf, none) if not (extent.is_concrete and extent.const > 0) else []
+        pieces = [p for p in pieces if p is not None]
+        if isinstance(leaf, Value):
+            results.append(_load(pieces, leaf.shape, leaf.dtype))
+        else:
+            results.append(FTTracer(leaf.lengths, leaf.places, pieces, leaf.element_shape, leaf.dtype))
+    return pytree.unflatten(pytree.structure(state0), results)
+
+
+def _aggregate(op: str, f, srcs, n: Length, init):
+    """The block node of a scan or fold: `f(state, x)` (`f(x, state)` for right aggregates) once,
+    the state read as init on the first step and from the carry buffers (one state per step:
+    array expansion) later. Without init the first (last) element is the initial state and the
+    dim has one step fewer, none for an empty list (Table 1: a scan of [] is []).
+    Returns (the initial state, a view of each state leaf's carry buffer, the dim's extent)."""
+    right = op in _RIGHT
+    extent = n if init is not None else (n - 1).clamp0()
+    t = _iter_dim(op, extent)
+    skip = 1 if init is None and not right else 0  # the element that is the initial state
+    if init is None:
+        init = _element(srcs[0] if len(srcs) == 1 else Zip(srcs), Aff.of(n - 1) if right else Aff.of(0))
+    state0 = _lift_init(init, op)
+    with _inside(t) as ctx_out:
+        ctx = ctx_out + [t]
+        elems = [_element(s, Aff.of(t) + skip) for s in srcs]
+        carries = [_carry_buffer(leaf, ctx) for leaf in pytree.leaves(state0)]
+        first = eq(t, 0) if not right else eq(t, extent - 1)
+        later = ge(t, 1) if not right else ge(Aff.of(extent - 2), t)
+        prev = Aff.of(t) + (1 if right else -1)
+        state = pytree.unflatten(pytree.structure(state0), [_state_view(leaf, buf, ctx_out, prev, first, later)
+                                                            for leaf, buf in zip(pytree.leaves(state0), carries)])
+        x = elems[0] if len(elems) == 1 else tuple(elems)
+        res = _result(f(x, state) if right else f(state, x), op)
+        _check_state(state, res, op)
+        outs = [_write_leaf(leaf, ctx, buf, op) for leaf, buf in zip(pytree.leaves(res), carries)]
+    return state0, [_identity_view(b, ctx_out) for b in outs], extent
+
+
+def _iter_dim(op: str, extent: Length) -> IterDim:
+    """The new dim of a compute operator, lettered after its depth (i, j, k, ...)."""
+    depth = len(_state().block.context())
+    return IterDim(_DIM_LETTERS[depth] if depth < len(_DIM_LETTERS) else f"i{depth}", extent, op)
+
+
+@contextlib.contextmanager
+def _inside(t: IterDim):
+    """Trace inside a new block node with the one dim t, a child of the open block; yields the
+    open block's dims (the context outside the new one)."""
+    st = _state()
+    outer = st.block
+    block = BlockNode([t], parent=outer)
+    outer.body.append(block)
+    st.block = block
+    try:
+        yield outer.context()
+    finally:
+        st.block = outer
+
+
+def _result(res, op):
+    """The user function's result in tracer form; a returned zip is the tuple of its lists."""
+    return unzip(_lift(res, op))
 
 
 def _sources(lists, op):
@@ -633,98 +712,10 @@ def _copy(x):
 
 
 def _check_state(state, res, op):
-    if len(_leaves(state)) != len(_leaves(res)) or any(
-            _type_of(a) != _type_of(b) for a, b in zip(_leaves(state), _leaves(res))) or \
-            _structure(state) != _structure(res):
+    if pytree.structure(state) != pytree.structure(res) or any(
+            _type_of(a) != _type_of(b) for a, b in zip(pytree.leaves(state), pytree.leaves(res))):
         raise StateTypeError(f"the state's type changes: init is {_type_of(state)}, "
                              f"the function returns {_type_of(res)}", op=op)
-
-
-def _structure(x):
-    return tuple(_structure(v) for v in x) if isinstance(x, tuple) else "."
-
-
-def traced_compute(op: str, f, lists, init):
-    """One compute operator on traced lists: a block node with one new iteration dim."""
-    st = _state()
-    srcs, n = _sources(lists, op)
-    aggregate = op != "map"
-    no_init = aggregate and init is None
-    scan = op in ("scanl", "scanr")
-    if no_init and not scan and n.is_concrete and n.const == 0:
-        raise EmptyReduceError(f"{op} of an empty list without init", op=op)
-    if no_init and not scan and not n.is_concrete:
-        st.assume(n - 1, f"{op} without init")
-    # without init the first (last) element is the initial state: one iteration fewer, none
-    # for an empty list (Table 1: a scan of [] is [])
-    extent = (n - 1).clamp0() if no_init else n
-    outer = st.block
-    ctx_out = outer.context()
-    name = _DIM_LETTERS[len(ctx_out)] if len(ctx_out) < len(_DIM_LETTERS) else f"i{len(ctx_out)}"
-    t = IterDim(name, extent, op)
-    right = op in _RIGHT
-    if no_init:
-        init = _element(srcs[0] if len(srcs) == 1 else Zip(srcs), Aff.of(n - 1) if right else Aff.of(0))
-    state0 = _lift_init(init, op) if aggregate else None
-
-    block = BlockNode([t], parent=outer)
-    outer.body.append(block)
-    st.block = block
-    ctx = ctx_out + [t]
-    try:
-        pos = Aff.of(t) + (1 if (no_init and not right) else 0)
-        elems = [_element(s, pos) for s in srcs]
-        if not aggregate:
-            res = f(*elems)
-        else:
-            carries = [_carry_buffer(leaf, ctx) for leaf in _leaves(state0)]
-            first = eq(t, 0) if not right else eq(t, extent - 1)
-            later = ge(t, 1) if not right else ge(Aff.of(extent - 2), t)
-            prev = Aff.of(t) + (1 if right else -1)
-            state_leaves = [_state_view(leaf, buf, ctx_out, prev, first, later)
-                            for leaf, buf in zip(_leaves(state0), carries)]
-            state = _rebuild(state0, iter(state_leaves))
-            x = elems[0] if len(elems) == 1 else tuple(elems)
-            res = f(state, x) if not right else f(x, state)
-        res = _lift(res, op)
-        if isinstance(res, Zip):
-            res = tuple(res.components)
-        if aggregate:
-            _check_state(state, res, op)
-            outs = [_write_leaf(leaf, ctx, buf, op) for leaf, buf in zip(_leaves(res), carries)]
-        else:
-            outs = [_write_leaf(leaf, ctx, None, op) for leaf in _leaves(res)]
-    finally:
-        st.block = outer
-
-    views = [_identity_view(b, ctx_out) for b in outs]
-    if not aggregate:
-        return _rebuild(res, iter(views))
-    if op in ("scanl", "scanr"):
-        if no_init:
-            first_el = _leaves(init)
-            views = [_prepend(v, e, right, n) for v, e in zip(views, first_el)]
-        return _rebuild(res, iter(views))
-    # folds: the state after the last iteration (or init when there is none)
-    last = Aff.of(0) if right else Aff.of(extent - 1)
-    results = []
-    for v, leaf in zip(views, _leaves(state0)):
-        some = ge(Aff.of(extent), 1)
-        none = eq(Aff.of(extent), 0)
-        got = v._bind(last)
-        if isinstance(got, Value):
-            pieces = _pieces_of(got)
-        else:  # a list state: its pieces must use the result's places (the init leaf's)
-            pieces = [pc.substitute({g: Aff.of(p) for g, p in zip(got.places, leaf.places)})
-                      for pc in got.pieces]
-        pieces = [pc.restrict((some,)) for pc in pieces]
-        pieces += _state_pieces(leaf, none) if not (extent.is_concrete and extent.const > 0) else []
-        pieces = [p for p in pieces if p is not None]
-        if isinstance(leaf, Value):
-            results.append(_load(pieces, leaf.shape, leaf.dtype))
-        else:
-            results.append(FTTracer(leaf.lengths, leaf.places, pieces, leaf.element_shape, leaf.dtype))
-    return _rebuild(res, iter(results))
 
 
 def _lift_init(init, op):
@@ -733,7 +724,7 @@ def _lift_init(init, op):
     try:
         return _lift(init, op)
     except ReturnTypeError:
-        bad = next((leaf for leaf in _leaves(init) if not isinstance(
+        bad = next((leaf for leaf in pytree.leaves(init) if not isinstance(
             leaf, (Value, FTTracer, FractalTensor, Zip, np.ndarray, np.generic))), init)
         hint = " (make a constant with ft.zeros(shape) or ft.full(shape, value))" \
             if isinstance(bad, (int, float)) else ""
@@ -834,25 +825,25 @@ def trace(fn, *args) -> ETDG:
             b, v = _input(st, name, arg)
             inputs.append((name, b))
             traced_args.append(v)
-        res = _unzip(_lift(fn(*traced_args), "return"))
+        res = _result(fn(*traced_args), "return")
         out_names = _return_names(fn)
         outputs = []
-        for k, leaf in enumerate(_leaves(res)):
+        out_leaves = pytree.leaves(res)
+        for k, leaf in enumerate(out_leaves):
             b = _write_leaf(leaf, [], None, "return") if isinstance(leaf, Value) else \
                 (_fresh(leaf, []) or _fresh(traced_compute("map", _copy, [leaf], None), []))
             if b.kind == "input":  # returning an input unchanged: copy it
                 b = _fresh(traced_compute("map", _copy, [leaf], None), [])
             b.kind = "output"
-            nm = out_names[k] if k < len(out_names) and out_names[k] else ("out" if len(_leaves(res)) == 1
+            nm = out_names[k] if k < len(out_names) and out_names[k] else ("out" if len(out_leaves) == 1
                                                                            else f"out{k}")
             b.name = nm if nm not in names else f"{nm}_out"
             outputs.append(b)
         drop_dead_ops(st.root)
         merge_perfect_nests(st.root)
         _name_blocks(st.root)
-        used = {id(b.resolve()) for b in _referenced(st.root)} | {id(b) for _, b in inputs if b} | \
-            {id(b) for b in outputs}
-        buffers = [b for b in st.buffers if b.alias_of is None and id(b) in used]
+        used = referenced(st.root) | {b for _, b in inputs if b} | set(outputs)
+        buffers = [b for b in st.buffers if b.alias_of is None and b in used]
         fn_name = getattr(fn, "__name__", "program")
         if fn_name == "program":
             fn_name = getattr(fn, "__module__", "program").rsplit(".", 1)[-1]
@@ -863,36 +854,16 @@ def trace(fn, *args) -> ETDG:
         _STATE = None
 
 
-def _referenced(block) -> list:
-    out = []
-    for n in block.body:
-        if isinstance(n, BlockNode):
-            out += _referenced(n)
-        elif n.op == "load":
-            out += [pc.buffer for pc in n.pieces if pc.buffer is not None]
-            out += [ix.index for pc in n.pieces for ix in pc.index if isinstance(ix, Gather)]
-        elif n.op == "store":
-            out.append(n.buffer)
-    return out
-
-
 def _name_blocks(root):
     # the root keeps no counter name: a fresh process's first root would be b0, like its
     # first child, and their statements would share a name
     root.name = "root"
-    k = 0
-    ops = itertools.count()
-
-    def walk(b):
-        nonlocal k
-        for n in b.body:
-            if isinstance(n, BlockNode):
-                n.name = f"b{k}"
-                k += 1
-                walk(n)
-            else:
-                # op ids in program order from 0, not from the process-wide counter: generated
-                # code names values by id, and the same program must give the same source (the
-                # compile cache is keyed by it)
-                n.id = next(ops)
-    walk(root)
+    blocks, ops = itertools.count(), itertools.count()
+    for n in itertools.islice(walk(root), 1, None):
+        if isinstance(n, BlockNode):
+            n.name = f"b{next(blocks)}"
+        else:
+            # op ids in program order from 0, not from the process-wide counter: generated
+            # code names values by id, and the same program must give the same source (the
+            # compile cache is keyed by it)
+            n.id = next(ops)

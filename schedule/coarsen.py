@@ -34,9 +34,15 @@ import copy
 import itertools
 import re
 
+import islpy as isl
+import numpy as np
+
+from polyft.affine import Aff, Constraint, IterDim
+from polyft.deps.isl_helpers import maps
+from polyft.deps.model import build
 from polyft.errors import PolyftError, ScheduleError
-from polyft.etdg import (ETDG, Aff, BlockNode, Constraint, Gather, IterDim, OpNode, Piece, Statement,
-                         drop_dead_ops, merge_perfect_nests, set_body)
+from polyft.etdg import (ETDG, BlockNode, Gather, OpNode, Piece, Statement, blocks, drop_dead_ops,
+                         merge_perfect_nests, ops, reads, referenced, set_body, writes)
 
 # ---------------------------------------------------------------------------------------
 # Table 3
@@ -141,7 +147,7 @@ class _Work:
         (self.root, self.inputs, self.outputs, self.out_tree, self.buffers) = copy.deepcopy(
             (etdg.root, etdg.inputs, etdg.outputs, etdg.out_tree, etdg.buffers))
         self.assumptions = list(etdg.assumptions)
-        nums = [int(m.group(1)) for b in list(_preorder(self.root))[1:] if (m := re.fullmatch(r"b(\d+)", b.name))]
+        nums = [int(m.group(1)) for b in blocks(self.root)[1:] if (m := re.fullmatch(r"b(\d+)", b.name))]
         self._next = itertools.count(max(nums, default=-1) + 1)
 
     def new_block(self, dims, parent, body) -> BlockNode:
@@ -151,10 +157,9 @@ class _Work:
         return b
 
     def finish(self) -> ETDG:
-        used = {id(b.resolve()) for b in _referenced(self.root)}
-        used |= {id(b.resolve()) for _, b in self.inputs if b is not None}
-        used |= {id(b.resolve()) for b in self.outputs}
-        buffers = [b for b in self.buffers if id(b.resolve()) in used]
+        used = referenced(self.root) | {b.resolve() for _, b in self.inputs if b is not None}
+        used |= {b.resolve() for b in self.outputs}
+        buffers = [b for b in self.buffers if b.resolve() in used]
         e = ETDG(self.name, self.root, self.inputs, self.outputs, self.out_tree, buffers)
         e.assumptions = list(self.assumptions)
         return e
@@ -164,53 +169,9 @@ class _Work:
             b.created_in = tuple(dict.fromkeys(env.get(d, d) for d in b.created_in))
 
 
-def _preorder(block):
-    yield block
-    for n in block.body:
-        if isinstance(n, BlockNode):
-            yield from _preorder(n)
-
-
-def _ops(node):
-    """Operation nodes of a block's sub-graph (or the node itself)."""
-    if isinstance(node, OpNode):
-        yield node
-        return
-    for n in node.body:
-        yield from _ops(n)
-
-
-def _referenced(node) -> list:
-    out = []
-    for op in _ops(node):
-        if op.op == "load":
-            for pc in op.pieces:
-                if pc.buffer is not None:
-                    out.append(pc.buffer)
-                out += [ix.index for ix in pc.index if isinstance(ix, Gather)]
-        elif op.op == "store":
-            out.append(op.buffer)
-    return out
-
-
-def _reads(node) -> set:
-    out = set()
-    for op in _ops(node):
-        if op.op == "load":
-            for pc in op.pieces:
-                if pc.buffer is not None:
-                    out.add(id(pc.buffer.resolve()))
-                out |= {id(ix.index.resolve()) for ix in pc.index if isinstance(ix, Gather)}
-    return out
-
-
-def _writes(node) -> set:
-    return {id(op.buffer.resolve()) for op in _ops(node) if op.op == "store"}
-
-
 def _substitute(node, env: dict):
     """Rename/replace iteration dims in every access (pieces, conditions, store indices)."""
-    for op in _ops(node):
+    for op in ops(node):
         if op.op == "load":
             op.pieces = [q for q in (_subst_piece(pc, env) for pc in op.pieces) if q is not None]
         elif op.op == "store":
@@ -231,7 +192,6 @@ def _flatten(block: BlockNode, log, tag):
 def _operand_dtype_shape(a):
     if isinstance(a, OpNode):
         return a.dtype, tuple(a.shape)
-    import numpy as np
     v = np.asarray(a[1])
     return v.dtype.name, tuple(v.shape)
 
@@ -287,10 +247,6 @@ def dataflow_violations(etdg: ETDG) -> list:
     Raises `SingleAssignmentError`/`LengthMismatchError` (from `deps.model.build`) when the
     ETDG writes an element twice or accesses outside a buffer.
     """
-    import islpy as isl
-
-    from polyft.deps.model import build
-
     fake = copy.copy(etdg)
     fake.statements = _access_statements(etdg)
     m = build(fake)
@@ -303,9 +259,7 @@ def dataflow_violations(etdg: ETDG) -> list:
             not_before = isl.UnionMap.from_map(isl.Map.lex_ge(isl.Space.set_alloc(m.context.get_ctx(), 0, width)))
             if not times.intersect(not_before).is_empty():  # name the statements: the slow way
                 bad = pairs.subtract(m.schedule.lex_lt_union_map(m.schedule))
-                maps = []
-                bad.foreach_map(maps.append)
-                problems += [f"read not after its write: {mp.gist_params(m.context)}" for mp in maps]
+                problems += [f"read not after its write: {mp.gist_params(m.context)}" for mp in maps(bad)]
     written_names = {b.resolve().name for b in etdg.buffers
                      if b.resolve().kind in ("intermediate", "output")}
     if not m.reads.is_empty():
@@ -342,14 +296,14 @@ def _same_dims(b1: BlockNode, b2: BlockNode) -> bool:
 
 
 def _no_edge(x, y) -> bool:
-    return not (_writes(x) & _reads(y)) and not (_writes(y) & _reads(x))
+    return not (writes(x) & reads(y)) and not (writes(y) & reads(x))
 
 
 def _horizontal_once(w: _Work, log) -> bool:
-    for parent in _preorder(w.root):
+    for parent in blocks(w.root):
         body = parent.body
-        blocks = [(k, n) for k, n in enumerate(body) if isinstance(n, BlockNode)]
-        for (a, b1), (b, b2) in itertools.combinations(blocks, 2):
+        children = [(k, n) for k, n in enumerate(body) if isinstance(n, BlockNode)]
+        for (a, b1), (b, b2) in itertools.combinations(children, 2):
             if not _same_dims(b1, b2) or not _no_edge(b1, b2):
                 continue
             between = body[a + 1:b]
@@ -436,9 +390,9 @@ def _vertical_candidate(etdg: ETDG, path, a: int, b: int, k: int, where: str, lo
     _substitute(C, env)
     w.rename_created_in(dict(zip(C.dims[:k], P.dims[:k])))
     split = (len(P.dims) > k, len(C.dims) > k)
-    ops = []
+    composed = []
     for dp, dc in zip(P.dims[:k], C.dims[:k]):
-        ops.append(f"{dc.op}∘{dp.op} = {compose(dc.op, dp.op)}")
+        composed.append(f"{dc.op}∘{dp.op} = {compose(dc.op, dp.op)}")
         dp.op = compose(dc.op, dp.op)
     ppart = [w.new_block(P.dims[k:], P, P.body)] if split[0] else P.body
     cpart = [w.new_block(C.dims[k:], P, C.body)] if split[1] else C.body
@@ -454,7 +408,7 @@ def _vertical_candidate(etdg: ETDG, path, a: int, b: int, k: int, where: str, lo
         drop_dead_ops(w.root)
     left = [f"{nm}'s unaligned dims -> child {_describe(part[0])}"
             for nm, part, s in ((names[0], ppart, split[0]), (names[1], cpart, split[1])) if s]
-    msg = (f"vertical: {names[0]} -> {names[1]} merged over {k} aligned dim(s) ({', '.join(ops)}) at the "
+    msg = (f"vertical: {names[0]} -> {names[1]} merged over {k} aligned dim(s) ({', '.join(composed)}) at the "
            f"{where}'s place -> {_describe(P)}")
     if left:
         msg += "; " + "; ".join(left)
@@ -468,9 +422,9 @@ def _vertical_candidate(etdg: ETDG, path, a: int, b: int, k: int, where: str, lo
 def _vertical_once(etdg: ETDG, log) -> ETDG | None:
     for path, parent in _paths(etdg.root):
         body = parent.body
-        blocks = [(k, n) for k, n in enumerate(body) if isinstance(n, BlockNode)]
-        for (a, P), (b, C) in itertools.combinations(blocks, 2):
-            if not (_writes(P) & _reads(C)):
+        children = [(k, n) for k, n in enumerate(body) if isinstance(n, BlockNode)]
+        for (a, P), (b, C) in itertools.combinations(children, 2):
+            if not (writes(P) & reads(C)):
                 continue
             between = body[a + 1:b]
             # a node moved past one it exchanges data with cannot be legal: skip those places
@@ -517,7 +471,7 @@ def vertical_merge(etdg: ETDG, log: list | None = None) -> ETDG:
 
 def _mentions_in_conds(node, dims) -> bool:
     ids = {id(d) for d in dims}
-    for op in _ops(node):
+    for op in ops(node):
         if op.op == "load":
             for pc in op.pieces:
                 for c in pc.conds:
@@ -552,7 +506,7 @@ def depthwise_merge(etdg: ETDG, log: list | None = None, ops=("map",)) -> ETDG:
     """
     log = [] if log is None else log
     w = _Work(etdg)
-    for block in list(_preorder(w.root)):
+    for block in blocks(w.root):
         x = 0
         while x + 1 < len(block.dims):
             if not _depthwise_ok(block, x, ops):
@@ -576,7 +530,7 @@ def depthwise_merge(etdg: ETDG, log: list | None = None, ops=("map",)) -> ETDG:
 
 def _statement_of(root, store):
     """(block, ops of the statement containing `store`)."""
-    for block in _preorder(root):
+    for block in blocks(root):
         run = []
         for n in block.body + [None]:
             if isinstance(n, OpNode):
@@ -601,9 +555,7 @@ def _copy_source(store: OpNode, run):
 
 
 def _fuse_once(w: _Work, log) -> bool:
-    import numpy as np
-
-    all_ops = list(_ops(w.root))
+    all_ops = ops(w.root)
     outputs = {id(b.resolve()) for b in w.outputs}
     n_stores = {}
     for op in all_ops:
@@ -676,8 +628,8 @@ def drop_dead_buffers(etdg: ETDG, log: list | None = None) -> ETDG:
     """Remove stores into intermediate buffers that nothing reads (and what only fed them)."""
     log = [] if log is None else log
     w = _Work(etdg)
-    read = _reads(w.root)
-    outputs = {id(b.resolve()) for b in w.outputs}
+    read = reads(w.root)
+    outputs = {b.resolve() for b in w.outputs}
     dead = []
 
     def visit(block):
@@ -685,7 +637,7 @@ def drop_dead_buffers(etdg: ETDG, log: list | None = None) -> ETDG:
         for n in block.body:
             if isinstance(n, OpNode) and n.op == "store":
                 b = n.buffer.resolve()
-                if b.kind == "intermediate" and id(b) not in read and id(b) not in outputs:
+                if b.kind == "intermediate" and b not in read and b not in outputs:
                     if b.name not in dead:
                         dead.append(b.name)
                     continue
@@ -695,9 +647,9 @@ def drop_dead_buffers(etdg: ETDG, log: list | None = None) -> ETDG:
         block.body = keep
     visit(w.root)
     if dead:
-        before = {b.name for b in _preorder(w.root)}
+        before = {b.name for b in blocks(w.root)}
         drop_dead_ops(w.root)
-        gone = before - {b.name for b in _preorder(w.root)}
+        gone = before - {b.name for b in blocks(w.root)}
         log.append(f"dead: nothing reads {', '.join(dead)}: stores removed"
                    + (f", block node(s) {', '.join(sorted(gone))} left empty and removed" if gone else ""))
         _flatten(w.root, log, "dead")

@@ -1,0 +1,151 @@
+"""The operator table: every element operation an operation node can hold, at the bottom of the language.
+
+One `Primitive` per name, after JAX's `core.Primitive`: its numpy implementation (eager
+element math, constant folding, the ETDG interpreter, and the tracer's shape inference, which
+runs it on stand-ins), its static shape rule (a `ShapeError` naming the operation and the
+shapes, the same eagerly and under tracing), and whether its operands come as one sequence
+(`concat`). `elementmath` (`ft.tanh`, ...), Python's operators on traced values, `tracing`
+and `interpret` look operations up here, so what an operation computes is written once.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .errors import ShapeError
+
+
+def fmt_shape(shape) -> str:
+    return f"[{', '.join(str(n) for n in shape)}]"
+
+
+# -- shape rules -----------------------------------------------------------------------------
+def broadcast_shape(name: str, a: tuple, b: tuple) -> tuple:
+    """numpy's broadcasting rule, as a ShapeError naming both shapes."""
+    try:
+        return np.broadcast_shapes(a, b)
+    except ValueError:
+        raise ShapeError(f"cannot broadcast {fmt_shape(a)} with {fmt_shape(b)}", op=name) from None
+
+
+def matmul_shape(a: tuple, b: tuple) -> tuple:
+    """numpy.matmul's shape rule (1-D operands promoted, batch dims broadcast) as a ShapeError."""
+    if not a or not b:
+        raise ShapeError(f"operands must have at least 1 dim, got {fmt_shape(a)} @ {fmt_shape(b)}; "
+                         "use * for scalars", op="matmul")
+    a2 = a if len(a) > 1 else (1,) + a
+    b2 = b if len(b) > 1 else b + (1,)
+    if a2[-1] != b2[-2]:
+        raise ShapeError(f"inner dims differ: {fmt_shape(a)} @ {fmt_shape(b)}", op="matmul")
+    rows = (a2[-2],) if len(a) > 1 else ()
+    cols = (b2[-1],) if len(b) > 1 else ()
+    return broadcast_shape("matmul", a2[:-2], b2[:-2]) + rows + cols
+
+
+def normalize_axis(name: str, shape: tuple, axis) -> tuple:
+    """The axes named by axis (None: all), each checked against the tensor's rank."""
+    axes = range(len(shape)) if axis is None else np.atleast_1d(axis).tolist()
+    for ax in axes:
+        if not -len(shape) <= ax < len(shape):
+            raise ShapeError(f"axis {ax} is out of range for a tensor of shape {fmt_shape(shape)}", op=name)
+    return tuple(ax % len(shape) for ax in axes)
+
+
+def _broadcast_rule(name, shapes):
+    broadcast_shape(name, *shapes)
+
+
+def _matmul_rule(name, shapes):
+    matmul_shape(*shapes)
+
+
+def _axis_rule(name, shapes, axis=None, keepdims=False):
+    normalize_axis(name, shapes[0], axis)
+
+
+def _concat_rule(name, shapes, axis=0):
+    if not shapes:
+        raise ShapeError("needs at least one tensor", op=name)
+    (ax,) = normalize_axis(name, shapes[0], axis)
+    rest = {s[:ax] + s[ax + 1:] if len(s) == len(shapes[0]) else None for s in shapes}
+    if len(rest) > 1:
+        raise ShapeError(f"shapes {', '.join(fmt_shape(s) for s in shapes)} differ off axis {axis}", op=name)
+
+
+# -- the table -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Primitive:
+    """One element operation: `impl(*operands, **attrs)` on numpy values (`impl(operands, **attrs)`
+    when `variadic`), after `rule(name, operand shapes, **attrs)` has checked the shapes (None:
+    numpy's own errors, as Python's operators on arrays give them)."""
+
+    name: str
+    impl: Callable
+    rule: Callable | None = None
+    variadic: bool = False
+
+    def check(self, operands, attrs: dict) -> None:
+        if self.rule is not None:
+            self.rule(self.name, [np.shape(x) for x in operands], **attrs)
+
+    def apply(self, operands, attrs: dict):
+        """The operation on numpy operands (arrays or Python numbers), shapes checked first."""
+        self.check(operands, attrs)
+        return self.impl(list(operands), **attrs) if self.variadic else self.impl(*operands, **attrs)
+
+
+def _softmax(x, axis=-1):
+    """exp(x) / sum(exp(x)) along axis, shifted by the max for stability."""
+    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+PRIMITIVES = {p.name: p for p in (
+    # Python's operators (on traced values: `tracing.Value`'s dunder methods)
+    Primitive("add", operator.add),
+    Primitive("sub", operator.sub),
+    Primitive("mul", operator.mul),
+    Primitive("truediv", operator.truediv),
+    Primitive("neg", operator.neg),
+    Primitive("matmul", np.matmul, _matmul_rule),
+    Primitive("getitem", lambda x, key: x[key]),  # a static key: see `getitem_axes`
+    Primitive("transpose", lambda x: np.swapaxes(x, -1, -2)),  # `x.T` of the 2-D tiles
+    Primitive("copy", np.copy),  # the tracer's copy of a view into a fresh buffer
+    # element math (`ft.tanh`, ...)
+    Primitive("tanh", np.tanh),
+    Primitive("sigmoid", lambda x: 0.5 * (1 + np.tanh(0.5 * x))),  # cannot overflow
+    Primitive("exp", np.exp),
+    Primitive("log", np.log),
+    Primitive("sqrt", np.sqrt),
+    Primitive("relu", lambda x: np.maximum(x, 0)),
+    Primitive("zeros_like", np.zeros_like),
+    Primitive("maximum", np.maximum, _broadcast_rule),
+    Primitive("minimum", np.minimum, _broadcast_rule),
+    Primitive("max", np.max, _axis_rule),
+    Primitive("sum", np.sum, _axis_rule),
+    Primitive("mean", np.mean, _axis_rule),
+    Primitive("softmax", _softmax, _axis_rule),
+    Primitive("concat", lambda xs, axis=0: np.concatenate(xs, axis=axis), _concat_rule, variadic=True),
+)}
+
+
+def getitem_axes(key, shape) -> list | None:
+    """How a static `x[key]` (ints and slices) reads x of `shape`: per axis of x, `(start, step,
+    out_axis)`, x's coordinate being `start + step * out[out_axis]`; an int has step 0 and
+    out_axis None. None when the key holds anything else (an array, None, Ellipsis)."""
+    key = key if isinstance(key, tuple) else (key,)
+    axes, out_axis = [], 0
+    for d, n in enumerate(shape):
+        item = key[d] if d < len(key) else slice(None)
+        if isinstance(item, (int, np.integer)):
+            axes.append((int(item) % n, 0, None))
+        elif isinstance(item, slice):
+            start, _, step = item.indices(n)
+            axes.append((start, step, out_axis))
+            out_axis += 1
+        else:
+            return None
+    return axes
