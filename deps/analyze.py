@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
-from .linalg import integer_null_space
-from .model import PolyModel, _maps
+from .isl_helpers import maps, point_set, union
+from .linalg import integer_null_space, reuse_dims
+from .model import PolyModel
 
 
 @dataclass
@@ -20,6 +21,7 @@ class Reuse:
     M: list
     null_space: list  # integer basis vectors
     dims: list  # names of the iteration dims whose unit vector lies in the null space
+    columns: list  # their positions in the statement's iteration vector
 
 
 @dataclass
@@ -34,11 +36,15 @@ class Dependences:
     parallel: dict  # statement -> dim names that carry none
     reuse: list = field(default_factory=list)
 
+    @property
+    def all(self) -> isl.UnionMap:
+        """Every dependence a schedule must keep: may flow, anti and output."""
+        return self.may_flow.union(self.anti).union(self.output)
+
     def describe(self, context=None) -> str:
         """Everything as ISL strings, simplified under `context` where given."""
         def show(um):
-            maps = _maps(um)
-            return [f"  {m.gist_params(context) if context is not None else m}" for m in maps] or ["  (none)"]
+            return [f"  {m.gist_params(context) if context is not None else m}" for m in maps(um)] or ["  (none)"]
         lines = ["flow dependences:"] + show(self.flow)
         if not self.may_flow.is_equal(self.flow):
             lines += ["may flow dependences (gathers):"] + show(self.may_flow)
@@ -63,23 +69,6 @@ def _flow(model: PolyModel, reads):
     return flow.get_must_dependence(), flow.get_may_dependence()
 
 
-def _point_set(deltas: isl.Set):
-    """The distance vectors as a set of tuples when finitely many (over all parameter
-    values), else None."""
-    n_par = deltas.dim(isl.dim_type.param)
-    n_set = deltas.dim(isl.dim_type.set)
-    free = deltas.move_dims(isl.dim_type.set, n_set, isl.dim_type.param, 0, n_par)
-    free = free.project_out(isl.dim_type.set, n_set, n_par)
-    if not free.is_bounded():
-        return None
-    points = set()
-
-    def add(p):
-        points.add(tuple(int(p.get_coordinate_val(isl.dim_type.set, k).to_python()) for k in range(n_set)))
-    free.foreach_point(add)
-    return points
-
-
 def analyze(model: PolyModel) -> Dependences:
     must, _ = _flow(model, model.reads.subtract(model.may_reads))
     may_all, may = _flow(model, model.reads)
@@ -94,14 +83,10 @@ def analyze(model: PolyModel) -> Dependences:
     distances, distance_sets, carried, parallel = {}, {}, {}, {}
     for name, st in model.statements.items():
         dim_names = [d.name for d in st.dims]
-        space_maps = [m for m in _maps(may) if m.get_tuple_name(isl.dim_type.in_) == name
-                      and m.get_tuple_name(isl.dim_type.out) == name]
-        deltas = None
-        for m in space_maps:
-            d = m.deltas()
-            deltas = d if deltas is None else deltas.union(d)
+        deltas = union(m.deltas() for m in maps(may) if m.get_tuple_name(isl.dim_type.in_) == name
+                       and m.get_tuple_name(isl.dim_type.out) == name)
         distance_sets[name] = deltas
-        pts = _point_set(deltas) if deltas is not None else set()
+        pts = point_set(deltas) if deltas is not None else set()
         distances[name] = pts if pts is not None else deltas
         levels = set()
         for v in (pts or []):
@@ -118,8 +103,8 @@ def analyze(model: PolyModel) -> Dependences:
         if am.kind != "read" or not am.is_affine or not am.dims:
             continue
         M = am.M
-        basis = integer_null_space(M) if M.shape[0] else [tuple(int(i == k) for i in range(M.shape[1]))
-                                                          for k in range(M.shape[1])]
-        dims = [am.dims[k].name for k in range(len(am.dims)) if not M[:, k].any()]
-        reuse.append(Reuse(name, am.buffer.resolve().name, M.tolist(), [list(v) for v in basis], dims))
+        basis = integer_null_space(M)
+        columns = list(reuse_dims([M]))
+        reuse.append(Reuse(name, am.buffer.resolve().name, M.tolist(), [list(v) for v in basis],
+                           [am.dims[k].name for k in columns], columns))
     return Dependences(must, may, anti, output, distances, distance_sets, carried, parallel, reuse)

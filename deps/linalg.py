@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numbers
 from math import gcd
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -26,6 +26,7 @@ __all__ = [
     "hermite_normal_form",
     "integer_null_space",
     "reuse_dims",
+    "hyperplane_search",
     "lamport_hyperplane",
     "complete_unimodular",
     "is_unimodular",
@@ -210,6 +211,38 @@ def _lex_positive(v: Sequence[int]) -> bool:
     return False
 
 
+def hyperplane_search(dims: int, carries: Callable[[tuple[int, ...]], bool], limit: int, *,
+                      viable: Callable[[list[int], int], bool] | None = None) -> tuple[int, ...] | None:
+    """The hyperplane search: the non-negative integer ``pi`` (a ``dims``-tuple) with
+    ``carries(pi)`` of smallest coefficient sum, at most ``limit``; None if there is none.
+
+    Among equal sums the *lexicographically largest* ``pi`` wins: weight goes on outer dims
+    first.  Candidates are enumerated by increasing sum, each sum distributed over the dims
+    from the outermost, largest share first.  ``viable(prefix, left)``, if given, prunes:
+    False when no ``pi`` starting with the entries ``prefix`` and ``left`` more to
+    distribute can carry (branch and bound).  Both reorderings use this one search:
+    :func:`lamport_hyperplane` on finitely many distance vectors, and the scheduler on a
+    parametric distance set with an ISL test as ``carries``.
+    """
+    def search(prefix: list[int], rem: int):
+        if len(prefix) == dims - 1:
+            pi = tuple(prefix + [rem])
+            return pi if carries(pi) else None
+        for v in range(rem, -1, -1):          # descending: lexicographically largest first
+            p = prefix + [v]
+            if viable is None or viable(p, rem - v):
+                found = search(p, rem - v)
+                if found is not None:
+                    return found
+        return None
+
+    for s in range(1, limit + 1):
+        found = search([], s)
+        if found is not None:
+            return found
+    return None
+
+
 def lamport_hyperplane(distances: Iterable[Sequence[int]], dims: int, *,
                        max_sum: int | None = None) -> tuple[int, ...] | None:
     """Lamport's hyperplane: the schedule ``pi`` with ``pi . d >= 1`` for every distance d.
@@ -224,11 +257,11 @@ def lamport_hyperplane(distances: Iterable[Sequence[int]], dims: int, *,
     sequential dimension.
 
     Distances must be lexicographically positive integer tuples of length ``dims`` (later
-    entries may be negative); otherwise ``ValueError``.  The search is exact: vectors are
-    enumerated by increasing sum (branch and bound on the best reachable ``pi . d``), bounded by
-    the sum of a constructive solution (choose pi from the innermost dim outwards, each just
-    large enough for the distances whose leading entry is there), so a solution always exists
-    within the bound.  ``max_sum`` lowers that bound; ``ValueError`` if no pi fits under it.
+    entries may be negative); otherwise ``ValueError``.  The search (:func:`hyperplane_search`)
+    is exact, with branch and bound on the best reachable ``pi . d``, bounded by the sum of a
+    constructive solution (choose pi from the innermost dim outwards, each just large enough
+    for the distances whose leading entry is there), so a solution always exists within the
+    bound.  ``max_sum`` lowers that bound; ``ValueError`` if no pi fits under it.
     """
     ds = [tuple(_as_int(x) for x in d) for d in distances]
     if not ds:
@@ -256,25 +289,20 @@ def lamport_hyperplane(distances: Iterable[Sequence[int]], dims: int, *,
     # best possible later gain per distance: max positive entry strictly after position k
     gain = [[max([0] + [d[j] for j in range(k + 1, dims)]) for k in range(dims)] for d in ds]
 
-    def search(k: int, rem: int, dots: list[int], pi: list[int]):
-        if k == dims - 1:
-            if all(dot + rem * d[k] >= 1 for dot, d in zip(dots, ds)):
-                return tuple(pi + [rem])
-            return None
-        for v in range(rem, -1, -1):          # descending: lexicographically largest first
-            new = [dot + v * d[k] for dot, d in zip(dots, ds)]
-            left = rem - v
-            if all(nd + left * g[k] >= 1 for nd, g in zip(new, gain)):
-                found = search(k + 1, left, new, pi + [v])
-                if found is not None:
-                    return found
-        return None
+    def dot(pi: Sequence[int], d: Sequence[int]) -> int:
+        return sum(p * x for p, x in zip(pi, d))
 
-    for s in range(1, limit + 1):
-        found = search(0, s, [0] * len(ds), [])
-        if found is not None:
-            return found
-    raise ValueError(f"no hyperplane with coefficient sum <= {limit} for distances {ds}")
+    def carries(pi: tuple[int, ...]) -> bool:
+        return all(dot(pi, d) >= 1 for d in ds)
+
+    def viable(prefix: list[int], left: int) -> bool:
+        k = len(prefix) - 1
+        return all(dot(prefix, d) + left * g[k] >= 1 for d, g in zip(ds, gain))
+
+    found = hyperplane_search(dims, carries, limit, viable=viable)
+    if found is None:
+        raise ValueError(f"no hyperplane with coefficient sum <= {limit} for distances {ds}")
+    return found
 
 
 # --------------------------------------------------------------------------------------------

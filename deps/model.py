@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
-from polyft.errors import AccessError, LengthMismatchError, SingleAssignmentError
-from polyft.etdg import ETDG, AccessMap, Aff, Constraint, Gather, Statement
+from polyft.errors import LengthMismatchError, SingleAssignmentError
+from polyft.etdg import ETDG
+
+from .isl_helpers import Namer, access_map, maps, param_prefix, schedule_map, statement_space, union_map
 
 
 @dataclass
@@ -44,89 +46,11 @@ class PolyModel:
         lines.append("writes:")
         lines += [f"  {g(m)}" for _, am, m in self.accesses if am.kind == "write"]
         lines.append("original schedule:")
-        lines += [f"  {g(m)}" for m in _maps(self.schedule)]
+        lines += [f"  {g(m)}" for m in maps(self.schedule)]
         return "\n".join(lines)
 
     def gist(self, obj):
         return obj.gist_params(self.context)
-
-
-def _maps(um) -> list:
-    out = []
-    um.foreach_map(out.append)
-    return out
-
-
-class _Namer:
-    """ISL names for a statement's dims: the ETDG's, renamed if they clash with a parameter."""
-
-    def __init__(self, params):
-        self.params = set(params)
-
-    def __call__(self, dim) -> str:
-        name = dim.name
-        while name in self.params:
-            name += "_"
-        return name
-
-
-class _Renamed:
-    """Stand-in dim carrying an ISL-safe name (for printing only)."""
-
-    _uid = -1
-
-    def __init__(self, name):
-        self.name = name
-        self.uid = _Renamed._uid
-
-
-def _space(st: Statement, namer) -> tuple:
-    names = {d: namer(d) for d in st.dims}
-    tup = f"{st.name}[{', '.join(names[d] for d in st.dims)}]"
-    bounds = [f"0 <= {names[d]} < {d.extent}" for d in st.dims]
-    return names, tup, bounds
-
-
-def _access_map(prefix, st, am: AccessMap, namer) -> isl.Map:
-    names, tup, bounds = _space(st, namer)
-    buf = am.buffer.resolve()
-    outs, extra = [], []
-    for r, ix in enumerate(am.index):
-        if isinstance(ix, Gather):
-            g = f"g{r}"
-            outs.append(g)
-            extra.append(f"0 <= {g} < {buf.dims[r]}")
-        elif isinstance(ix, Aff):
-            outs.append(_rename(ix, names))
-        else:
-            raise AccessError(f"the access {buf.name}[{ix}] of {st.name} is neither quasi-affine nor a "
-                              "declared gather", op="model")
-    conds = bounds + [_rename_constraint(c, names) for c in am.conds] + extra
-    text = f"{prefix}{{ {tup} -> {buf.name}[{', '.join(outs)}] : {' and '.join(conds) or 'true'} }}"
-    return isl.Map(text)
-
-
-def _rename(ix: Aff, names) -> str:
-    env = {d: Aff({_Renamed(n): 1}) for d, n in names.items() if n != d.name}
-    return str(ix.substitute(env)) if env else str(ix)
-
-
-def _rename_constraint(c, names) -> str:
-    env = {d: Aff({_Renamed(n): 1}) for d, n in names.items() if n != d.name}
-    return str(Constraint(c.expr.substitute(env), c.kind)) if env else str(c)
-
-
-def _schedule_map(prefix, st, namer, width) -> isl.Map:
-    names, tup, bounds = _space(st, namer)
-    out = []
-    for item in st.position:
-        if isinstance(item, int):
-            out.append(str(item))
-        else:
-            n = names[item]
-            out.append(f"{item.extent} - 1 - {n}" if item.reversed else n)
-    out += ["0"] * (width - len(out))
-    return isl.Map(f"{prefix}{{ {tup} -> [{', '.join(out)}] : {' and '.join(bounds) or 'true'} }}")
 
 
 def build(etdg: ETDG, sizes: dict | None = None) -> PolyModel:
@@ -137,7 +61,7 @@ def build(etdg: ETDG, sizes: dict | None = None) -> PolyModel:
     if unknown:
         raise LengthMismatchError(f"sizes name unknown lengths {sorted(unknown)}; the program's lengths "
                                   f"are {params}", op="model")
-    prefix = f"[{', '.join(params)}] -> " if params else ""
+    prefix = param_prefix(params)
     ctx_conds = [f"{p} >= 0" for p in params] + [f"{p} = {v}" for p, v in sizes.items()] + \
         [a.isl() for a in etdg.assumptions]
     context = isl.Set(f"{prefix}{{ : {' and '.join(ctx_conds) or 'true'} }}")
@@ -149,26 +73,20 @@ def build(etdg: ETDG, sizes: dict | None = None) -> PolyModel:
     if context.is_empty():
         raise LengthMismatchError(f"no lengths satisfy the sizes {sizes} and the trace's assumptions "
                                   f"{[str(a) for a in etdg.assumptions]}", op="model")
-    namer = _Namer(params)
+    namer = Namer(params)
     width = max((len(st.position) for st in etdg.statements), default=0)
-    space = isl.Space.params_alloc(context.get_ctx(), 0)
-    empty = isl.UnionMap.empty(space)
-    domains, accesses = {}, []
-    reads, writes, may_reads, schedule = empty, empty, empty, empty
+    domains, accesses, times = {}, [], []
     for st in etdg.statements:
-        _, tup, bounds = _space(st, namer)
+        _, tup, bounds = statement_space(st, namer)
         domains[st.name] = isl.Set(f"{prefix}{{ {tup} : {' and '.join(bounds) or 'true'} }}").intersect_params(context)
-        for am in st.reads + st.writes:
-            m = _access_map(prefix, st, am, namer).intersect_params(context)
-            accesses.append((st.name, am, m))
-            if am.kind == "write":
-                writes = writes.union(isl.UnionMap.from_map(m))
-            else:
-                reads = reads.union(isl.UnionMap.from_map(m))
-                if am.is_gather:
-                    may_reads = may_reads.union(isl.UnionMap.from_map(m))
-        schedule = schedule.union(isl.UnionMap.from_map(
-            _schedule_map(prefix, st, namer, width).intersect_params(context)))
+        accesses += [(st.name, am, access_map(prefix, st, am, namer).intersect_params(context))
+                     for am in st.reads + st.writes]
+        times.append(schedule_map(prefix, st, namer, width).intersect_params(context))
+    space = isl.Space.params_alloc(context.get_ctx(), 0)
+    reads = union_map((m for _, am, m in accesses if am.kind == "read"), space)
+    writes = union_map((m for _, am, m in accesses if am.kind == "write"), space)
+    may_reads = union_map((m for _, am, m in accesses if am.kind == "read" and am.is_gather), space)
+    schedule = union_map(times, space)
     model = PolyModel(etdg, params, sizes, context, domains, reads, writes, may_reads, schedule,
                       {st.name: st for st in etdg.statements}, accesses)
     check_bounds(model)
@@ -185,7 +103,7 @@ def _buffer_domain(buf, prefix) -> isl.Set:
 def check_bounds(model: PolyModel) -> None:
     """Every access stays inside its buffer, for every parameter value in the context:
     an access outside means lengths that disagree somewhere in the program."""
-    prefix = f"[{', '.join(model.params)}] -> " if model.params else ""
+    prefix = param_prefix(model.params)
     for name, am, m in model.accesses:
         dom = _buffer_domain(am.buffer.resolve(), prefix).intersect_params(model.context)
         outside = m.range().subtract(dom)
@@ -201,6 +119,6 @@ def check_single_assignment(model: PolyModel) -> None:
     w = model.writes
     clash = w.apply_range(w.reverse()).subtract(w.domain().identity())
     if not clash.is_empty():
-        pair = _maps(clash)[0].sample()
+        pair = maps(clash)[0].sample()
         raise SingleAssignmentError(f"a buffer element is written twice: {pair} (through "
-                                    f"{_maps(w.intersect_domain(clash.domain()))[0]})", op="model")
+                                    f"{maps(w.intersect_domain(clash.domain()))[0]})", op="model")

@@ -44,9 +44,11 @@ from dataclasses import dataclass, field
 import islpy as isl
 import numpy as np
 
+from polyft.affine import Aff
 from polyft.errors import PolyftError
-from polyft.etdg import ETDG, Aff, Gather
+from polyft.etdg import ETDG, Gather
 
+from .isl_helpers import union
 from .model import PolyModel, build
 
 # the kinds of read, most view-like first (a load's kind is the first kind any piece has)
@@ -249,13 +251,6 @@ def _recurrences(stmts, loads, writer) -> dict:
     return {a: {b for b in reach[a] if a in reach[b]} for a in names}
 
 
-def _union(sets):
-    out = None
-    for s in sets:
-        out = s if out is None else out.union(s)
-    return out
-
-
 def model_traffic(model: PolyModel) -> Traffic:
     """The traffic of every read and write of `model` (all lengths fixed by model.sizes)."""
     missing = [p for p in model.params if p not in model.sizes]
@@ -275,7 +270,7 @@ def model_traffic(model: PolyModel) -> Traffic:
         instances = count(domain, model.sizes)
         for pieces, maps in loads[st.name]:
             buf = pieces[0].buffer.resolve()
-            image = _union(m.range() for m in maps)
+            image = union(m.range() for m in maps)
             if writer.get(buf) in cycle[st.name]:
                 kind = "state"
             else:

@@ -13,9 +13,11 @@ from __future__ import annotations
 import islpy as isl
 import numpy as np
 
-from polyft.deps.model import PolyModel, _access_map, _maps, _Namer, _rename_constraint, _space
+from polyft.deps.isl_helpers import Namer, access_map, maps, param_prefix, rename_constraint, statement_space, union_map
+from polyft.deps.model import PolyModel
 from polyft.errors import ScheduleError
-from polyft.etdg import AccessMap, OpNode
+from polyft.etdg import OpNode, access_maps
+from polyft.primitives import getitem_axes
 
 _IDENTITY_OPS = {"neg", "copy", "tanh", "sigmoid", "exp", "log", "sqrt", "relu"}
 _BROADCAST_OPS = {"add", "sub", "mul", "truediv", "maximum", "minimum"}
@@ -70,21 +72,12 @@ def op_relation(op: OpNode, k: int, in_shape) -> isl.Map:
 
 
 def _getitem_relation(op, in_shape) -> isl.Map:
-    key = op.attrs["key"] if isinstance(op.attrs["key"], tuple) else (op.attrs["key"],)
-    out = op.shape
-    o = _names("o", len(out))
-    ex, oi = [], 0
-    for d in range(len(in_shape)):
-        item = key[d] if d < len(key) else slice(None)
-        if isinstance(item, (int, np.integer)):
-            ex.append(str(int(item) % in_shape[d]))
-        elif isinstance(item, slice):
-            start, _, step = item.indices(in_shape[d])
-            ex.append(f"{start} + {step}*{o[oi]}")
-            oi += 1
-        else:
-            return _rel(out, in_shape, _names("f", len(in_shape)))
-    return _rel(out, in_shape, ex)
+    axes = getitem_axes(op.attrs["key"], in_shape)
+    if axes is None:
+        return _rel(op.shape, in_shape, _names("f", len(in_shape)))
+    o = _names("o", len(op.shape))
+    return _rel(op.shape, in_shape, [str(start) if axis is None else f"{start} + {step}*{o[axis]}"
+                                     for start, step, axis in axes])
 
 
 def _shape_of(a):
@@ -124,39 +117,29 @@ def lower(model: PolyModel, name: str, region=(), drop_unit: bool = True) -> Pol
     element coordinates (unit dims dropped)."""
     st = model.statements[name]
     rels, shape = element_relations(st.ops)
-    namer = _Namer(model.params)
-    prefix = f"[{', '.join(model.params)}] -> " if model.params else ""
-    names, _, bounds = _space(st, namer)
+    namer = Namer(model.params)
+    prefix = param_prefix(model.params)
+    names, _, bounds = statement_space(st, namer)
     e = _names("e", len(shape))
     dims = [names[d] for d in st.dims] + e
     ebox = [f"0 <= {x} < {n}" for x, n in zip(e, shape)]
-    cond = [_rename_constraint(c, names) for c in region]
+    cond = [rename_constraint(c, names) for c in region]
     tup = f"{name}[{', '.join(dims)}]"
     dom = isl.Set(f"{prefix}{{ {tup} : {' and '.join(bounds + ebox + cond) or 'true'} }}") \
         .intersect_params(model.context)
     to_e = isl.Map(f"{prefix}{{ {tup} -> [{', '.join(e)}] }}")
     accesses = []
-    reads = writes = isl.UnionMap.empty(dom.get_space().params())
     for op in st.ops:
-        if op.op == "load":
-            if op not in rels:
-                continue
-            for pc in op.pieces:
-                if pc.buffer is None:
-                    continue
-                am = AccessMap(pc.buffer, tuple(st.dims), pc.index, pc.conds, "read")
-                m = _element_access(prefix, st, am, namer, to_e.apply_range(rels[op]), e, dom)
-                accesses.append((name, am, m))
-                reads = reads.union(isl.UnionMap.from_map(m))
-        elif op.op == "store":
-            am = AccessMap(op.buffer, tuple(st.dims), op.index, (), "write")
-            m = _element_access(prefix, st, am, namer, to_e, e, dom)
-            accesses.append((name, am, m))
-            writes = writes.union(isl.UnionMap.from_map(m))
+        if op.op == "load" and op not in rels:
+            continue
+        for am in access_maps(op, st.dims):
+            static = to_e.apply_range(rels[op]) if am.kind == "read" else to_e
+            accesses.append((name, am, _element_access(prefix, st, am, namer, static, e, dom)))
     sched = isl.Map(f"{prefix}{{ {tup} -> [{', '.join(dims)}] }}").intersect_domain(dom)
-    lowered = PolyModel(model.etdg, model.params, model.sizes, model.context, {name: dom}, reads, writes,
-                  isl.UnionMap.empty(dom.get_space().params()), isl.UnionMap.from_map(sched),
-                  {name: st}, accesses)
+    space = dom.get_space().params()
+    lowered = PolyModel(model.etdg, model.params, model.sizes, model.context, {name: dom},
+                        _of_kind(accesses, "read", space), _of_kind(accesses, "write", space),
+                        isl.UnionMap.empty(space), isl.UnionMap.from_map(sched), {name: st}, accesses)
     if drop_unit:
         lowered = _drop_unit_dims(lowered, name, shape, len(st.dims))
     lowered.dim_names = [dims[k] for k in range(len(dims))
@@ -166,7 +149,7 @@ def lower(model: PolyModel, name: str, region=(), drop_unit: bool = True) -> Pol
 
 def _element_access(prefix, st, am, namer, static: isl.Map, e, dom) -> isl.Map:
     """S[dims, e] -> B[programmable index, static coords]."""
-    block = _access_map(prefix, st, am, namer)  # S[dims] -> B[idx]
+    block = access_map(prefix, st, am, namer)  # S[dims] -> B[idx]
     n_e = len(e)
     lifted = block.insert_dims(isl.dim_type.in_, block.dim(isl.dim_type.in_), n_e)
     lifted = lifted.set_tuple_name(isl.dim_type.in_, st.name)
@@ -184,17 +167,17 @@ def _drop_unit_dims(model: PolyModel, name, shape, n_prog) -> PolyModel:
         model.domains[name] = model.domains[name].project_out(isl.dim_type.set, pos, 1).set_tuple_name(name)
         model.accesses = [(s, am, m.project_out(isl.dim_type.in_, pos, 1).set_tuple_name(isl.dim_type.in_, name))
                           for s, am, m in model.accesses]
-        sched = _maps(model.schedule)  # none when the region is empty at these sizes
+        sched = maps(model.schedule)  # none when the region is empty at these sizes
         if sched:
             model.schedule = isl.UnionMap.from_map(sched[0].project_out(isl.dim_type.in_, pos, 1)
                                                    .project_out(isl.dim_type.out, pos, 1)
                                                    .set_tuple_name(isl.dim_type.in_, name))
     model.accesses = [(s, am, m) for s, am, m in model.accesses if not m.is_empty()]
-    reads = writes = isl.UnionMap.empty(model.context.get_space())
-    for _, am, m in model.accesses:
-        if am.kind == "read":
-            reads = reads.union(isl.UnionMap.from_map(m))
-        else:
-            writes = writes.union(isl.UnionMap.from_map(m))
-    model.reads, model.writes = reads, writes
+    space = model.context.get_space()
+    model.reads, model.writes = _of_kind(model.accesses, "read", space), _of_kind(model.accesses, "write", space)
     return model
+
+
+def _of_kind(accesses, kind, space) -> isl.UnionMap:
+    """The access relations of one kind ("read" or "write") as one union map."""
+    return union_map((m for _, am, m in accesses if am.kind == kind), space)

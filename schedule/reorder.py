@@ -1,7 +1,11 @@
 """The reordering of one iteration space by a unimodular T (paper §5.2, Figure 6, Table 5):
-reuse dims from the access relations, T, the transformed access maps A(j) = (M·T⁻¹) j + o,
-and the new loop bounds by projection over ISL — the Fourier–Motzkin step — printed as
-`[max(...), min(...))` ranges like Table 5."""
+Lamport's hyperplane π carries every distance vector and becomes T's first row, the other
+rows move the dims that carry reuse inward; then the transformed access maps
+A(j) = (M·T⁻¹) j + o and the new loop bounds by projection over ISL — the Fourier–Motzkin
+step — printed as `[max(...), min(...))` ranges like Table 5.
+
+`reorder_space` is the one implementation: the scheduler runs it on every band (block node),
+`reorder` on one statement's whole iteration space (Table 5's element-level region3)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,38 +13,13 @@ from dataclasses import dataclass
 import islpy as isl
 import numpy as np
 
-from polyft.deps.analyze import Dependences, _point_set
-from polyft.deps.linalg import complete_unimodular, transform_access
+from polyft.deps.isl_helpers import carries, coupling_rows, param_prefix, point_set
+from polyft.deps.linalg import complete_unimodular, hyperplane_search, lamport_hyperplane, reuse_dims, \
+    transform_access
 from polyft.deps.model import PolyModel
+from polyft.errors import ScheduleError
 
-
-def reuse_dims(access: isl.Map, dims) -> list:
-    """Input dims (indices in `dims`) that no output coordinate of the access depends on:
-    their unit vectors lie in the null space of the access (the same data is reused)."""
-    out = []
-    n_out = access.dim(isl.dim_type.out)
-    for c in dims:
-        moving = False
-        for bm in access.get_basic_maps():
-            for con in bm.get_constraints():
-                if con.get_coefficient_val(isl.dim_type.in_, c).is_zero():
-                    continue
-                if any(not con.get_coefficient_val(isl.dim_type.out, r).is_zero() for r in range(n_out)) \
-                        or any(not con.get_coefficient_val(isl.dim_type.div, q).is_zero()
-                               for q in range(bm.dim(isl.dim_type.div))):
-                    moving = True
-        if not moving:
-            out.append(c)
-    return out
-
-
-def reuse_of(model: PolyModel, statements, dims) -> list:
-    """Union over the reads of `statements` of their reuse dims among `dims`."""
-    found = set()
-    for name, am, m in model.accesses:
-        if am.kind == "read" and name in statements:
-            found.update(reuse_dims(m, dims))
-    return sorted(found)
+MAX_COEF = 4  # a parametric distance set: hyperplanes of coefficient sum up to MAX_COEF per dim
 
 
 @dataclass
@@ -48,11 +27,11 @@ class Reordering:
     """π, T and what they were derived from, for one iteration space."""
 
     names: list  # original dim names (t)
-    distances: object  # set of tuples or isl.Set
+    distances: object  # set of tuples, or isl.Set when unbounded; empty set when none
     pi: tuple | None
     reuse: list  # dim indices carrying reuse
     T: np.ndarray
-    raw: object = None  # the distance set as ISL computed it (for printing)
+    distance_set: isl.Set | None = None  # the distances as ISL computed them (for printing)
 
     @property
     def new_names(self) -> list:
@@ -68,30 +47,48 @@ class Reordering:
         return rows
 
 
-def reorder(model: PolyModel, deps: Dependences, name: str, distances) -> Reordering:
-    """Hyperplane + completion for the (single-statement) iteration space `name` whose
-    distance set is `distances` (an isl.Set or None)."""
-    from .schedule import hyperplane  # the band machinery shares the hyperplane search
-    dom = model.domains[name]
-    n = dom.dim(isl.dim_type.set)
-    names = [dom.get_dim_name(isl.dim_type.set, k) for k in range(n)]
-    reuse = reuse_of(model, [name], range(n))
-    if distances is None:
-        plain = [c for c in range(n) if c not in reuse]
+def reorder_space(dist: isl.Set | None, names: list, reuse: list) -> Reordering:
+    """π and T for an iteration space with dims `names`, distance vectors `dist` (None when
+    no dependence lies inside it) and dims `reuse` along which data is reused: reuse dims
+    go innermost (all dims parallel without distances; else behind π, which replaces one
+    of its unit dims). π is Lamport's hyperplane on finitely many distances; on a set that
+    grows with the lengths, the same search with ISL proving that π carries all of it."""
+    n = len(names)
+    if dist is None:
+        order = [c for c in range(n) if c not in reuse] + list(reuse)
         T = np.zeros((n, n), dtype=object)
-        for r, c in enumerate(plain + reuse):
+        for r, c in enumerate(order):
             T[r, c] = 1
         return Reordering(names, set(), None, reuse, T)
-    pi = hyperplane(distances, n)
+    pts = point_set(dist)
+    pi = lamport_hyperplane(sorted(pts), n) if pts is not None else \
+        hyperplane_search(n, lambda p: carries(dist, p), MAX_COEF * n)
+    if pi is None:
+        raise ScheduleError(f"no hyperplane with coefficient sum <= {MAX_COEF * n} carries the distances {dist}",
+                            op="schedule")
     support = {c for c, a in enumerate(pi) if a}
     T = complete_unimodular(pi, n, reuse_dims=[c for c in reuse if c not in support])
-    pts = _point_set(distances)
-    return Reordering(names, pts if pts is not None else distances, pi, reuse, T,
-                      distances.gist_params(model.context))
+    return Reordering(names, pts if pts is not None else dist, pi, reuse, T, dist)
+
+
+def statement_reuse(model: PolyModel, name: str) -> list:
+    """The dims of statement `name` along which one of its reads touches the same data: zero
+    columns of the coupling rows of its access relations (at element level too)."""
+    rows = [coupling_rows(m) for s, am, m in model.accesses if am.kind == "read" and s == name]
+    return list(reuse_dims(rows))
+
+
+def reorder(model: PolyModel, name: str, distances) -> Reordering:
+    """`reorder_space` on the whole iteration space of statement `name` (the single statement
+    of an element-level model such as Table 5's region3), whose distance set is `distances`
+    (an isl.Set or None)."""
+    dom = model.domains[name]
+    names = [dom.get_dim_name(isl.dim_type.set, k) for k in range(dom.dim(isl.dim_type.set))]
+    return reorder_space(distances, names, statement_reuse(model, name))
 
 
 def _t_map(model: PolyModel, name: str, R: Reordering) -> isl.Map:
-    prefix = f"[{', '.join(model.params)}] -> " if model.params else ""
+    prefix = param_prefix(model.params)
     rows = [" + ".join(f"{c}*{x}" for c, x in zip(row, R.names) if c) or "0" for row in R.T]
     return isl.Map(f"{prefix}{{ {name}[{', '.join(R.names)}] -> [{', '.join(rows)}] }}")
 
@@ -204,7 +201,8 @@ def show_distances(dist) -> str:
 
 def table(model: PolyModel, name: str, R: Reordering) -> str:
     """Figure 6 and Table 5 for one iteration space, as text."""
-    lines = [f"T = {R.T.tolist()}   (pi = {R.pi})", f"distances: {show_distances(R.raw)}"]
+    raw = R.distance_set.gist_params(model.context) if R.distance_set is not None else None
+    lines = [f"T = {R.T.tolist()}   (pi = {R.pi})", f"distances: {show_distances(raw)}"]
     lines += ["  " + m for m in R.meaning()]
     lines.append("range constraints (Fourier–Motzkin over ISL):")
     lines += [f"  {n} in {b}" for n, b in bounds(model, name, R)]
@@ -214,7 +212,3 @@ def table(model: PolyModel, name: str, R: Reordering) -> str:
         if mt is not None:
             lines.append(f"      M·T⁻¹ = {mt.tolist()}, o = {o}")
     return "\n".join(lines)
-
-
-
-

@@ -11,19 +11,18 @@ the original, or one a user supplies — is checked against the exact dependence
 """
 from __future__ import annotations
 
-import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import islpy as isl
 import numpy as np
 
-from polyft.deps.analyze import Dependences, _point_set
-from polyft.deps.linalg import complete_unimodular, lamport_hyperplane
-from polyft.deps.model import PolyModel, _maps, _Namer
+from polyft.deps.analyze import Dependences
+from polyft.deps.isl_helpers import Namer, maps, param_names, param_prefix, schedule_map, union, union_map
+from polyft.deps.model import PolyModel
 from polyft.errors import ScheduleError
 from polyft.etdg import BlockNode
 
-from .reorder import show_distances
+from .reorder import Reordering, reorder_space, show_distances
 
 
 @dataclass
@@ -33,18 +32,29 @@ class Band:
     block: BlockNode
     outer: int  # number of enclosing dims
     statements: list  # names of the statements below the block
-    distances: object = None  # set of tuples (finite), isl.Set (unbounded), or empty set
-    pi: tuple | None = None
-    T: np.ndarray | None = None
-    reuse: list = field(default_factory=list)  # band-dim indices along which data is reused
+    reordering: Reordering | None = None  # π and T ("auto" schedules)
 
     @property
     def dims(self):
         return self.block.dims
 
     @property
-    def sequential(self) -> bool:
-        return self.pi is not None
+    def distances(self):
+        """Set of tuples (finite), isl.Set (unbounded), or empty set; None before reordering."""
+        return self.reordering.distances if self.reordering else None
+
+    @property
+    def pi(self) -> tuple | None:
+        return self.reordering.pi if self.reordering else None
+
+    @property
+    def T(self) -> np.ndarray | None:
+        return self.reordering.T if self.reordering else None
+
+    @property
+    def reuse(self) -> list:
+        """Band-dim indices along which data is reused."""
+        return self.reordering.reuse if self.reordering else []
 
 
 @dataclass
@@ -59,7 +69,6 @@ class Schedule:
 
     def reordering(self, model, name):
         """The statement's T as a `reorder.Reordering`, for bounds and transformed accesses."""
-        from .reorder import Reordering  # reorder imports this module's hyperplane search
         dom = model.domains[name]
         names = [dom.get_dim_name(isl.dim_type.set, k) for k in range(dom.dim(isl.dim_type.set))]
         return Reordering(names, set(), None, [], self.T[name])
@@ -104,8 +113,10 @@ def _below(block, ancestor) -> bool:
     return False
 
 
-def _all_deps(deps: Dependences) -> isl.UnionMap:
-    return deps.may_flow.union(deps.anti).union(deps.output)
+def _dependences(deps: Dependences):
+    """(source statement, sink statement, map) for every map of every dependence."""
+    for m in maps(deps.all):
+        yield m.get_tuple_name(isl.dim_type.in_), m.get_tuple_name(isl.dim_type.out), m
 
 
 def band_distances(band: Band, deps: Dependences) -> isl.Set | None:
@@ -119,9 +130,8 @@ def distances(deps: Dependences, statements, outer: int, reversed_dims) -> isl.S
     distance on the first `outer` dims; dims flagged in `reversed_dims` run backwards."""
     n = len(reversed_dims)
     k = outer + n
-    result = None
-    for m in _maps(_all_deps(deps)):
-        src, dst = m.get_tuple_name(isl.dim_type.in_), m.get_tuple_name(isl.dim_type.out)
+    found = []
+    for src, dst, m in _dependences(deps):
         if src not in statements or dst not in statements:
             continue
         n_in, n_out = m.dim(isl.dim_type.in_), m.dim(isl.dim_type.out)
@@ -139,7 +149,8 @@ def distances(deps: Dependences, statements, outer: int, reversed_dims) -> isl.S
             zero = zero.fix_val(isl.dim_type.set, c, isl.Val.zero(d.get_ctx()))
         d = d.subtract(zero)
         if not d.is_empty():
-            result = d if result is None else result.union(d)
+            found.append(d)
+    result = union(found)
     return result.coalesce() if result is not None else None
 
 
@@ -147,124 +158,29 @@ def _negate(space, c) -> isl.Map:
     n = space.dim(isl.dim_type.set)
     names = [f"x{i}" for i in range(n)]
     outs = [f"-{x}" if i == c else x for i, x in enumerate(names)]
-    params = [space.get_dim_name(isl.dim_type.param, i) for i in range(space.dim(isl.dim_type.param))]
-    prefix = f"[{', '.join(params)}] -> " if params else ""
-    return isl.Map(f"{prefix}{{ [{', '.join(names)}] -> [{', '.join(outs)}] }}")
+    return isl.Map(f"{param_prefix(param_names(space))}{{ [{', '.join(names)}] -> [{', '.join(outs)}] }}")
 
 
-def hyperplane(dist: isl.Set, n: int, max_coef: int = 4) -> tuple:
-    """The hyperplane π (non-negative, π·d >= 1 for every distance d): Lamport's method on a
-    finite distance set, else the smallest π that ISL proves carries the whole (parametric)
-    set."""
-    pts = _point_set(dist)
-    if pts is not None:
-        return lamport_hyperplane(sorted(pts), n)
-    for total in range(1, max_coef * n + 1):
-        for pi in _vectors_with_sum(n, total, max_coef):
-            if _carries(dist, pi):
-                return pi
-    raise ScheduleError(f"no hyperplane with coefficients <= {max_coef} carries the distances {dist}",
-                        op="schedule")
-
-
-def _vectors_with_sum(n, total, max_coef):
-    for combo in itertools.product(range(max_coef + 1), repeat=n):
-        if sum(combo) == total:
-            yield combo
-
-
-def _carries(dist: isl.Set, pi) -> bool:
-    n = len(pi)
-    names = [f"x{i}" for i in range(n)]
-    dot = " + ".join(f"{c}*{x}" for c, x in zip(pi, names) if c) or "0"
-    space = dist.get_space()
-    params = [space.get_dim_name(isl.dim_type.param, i) for i in range(space.dim(isl.dim_type.param))]
-    prefix = f"[{', '.join(params)}] -> " if params else ""
-    bad = isl.Set(f"{prefix}{{ [{', '.join(names)}] : {dot} <= 0 }}")
-    return dist.intersect(bad).is_empty()
-
-
-def _reuse_dims(band: Band, model: PolyModel) -> list:
-    """Band dims along which some read of the band's statements touches the same data: the
-    unit vectors in the null space of its access matrix (paper §5.2)."""
-    out = set()
-    for name, am, _ in model.accesses:
-        if am.kind != "read" or name not in band.statements or not am.is_affine:
-            continue
-        M = am.M
-        for c in range(len(band.dims)):
-            if not M[:, band.outer + c].any():
-                out.add(c)
-    return sorted(out)
-
-
-def _permutation(order, n) -> np.ndarray:
-    T = np.zeros((n, n), dtype=object)
-    for r, c in enumerate(order):
-        T[r, c] = 1
-    return T
-
-
-def reorder_band(band: Band, model: PolyModel, deps: Dependences) -> Band:
-    """Fill in the band's distances, π and T (paper §5.2)."""
+def band_reuse(band: Band, deps: Dependences) -> list:
+    """Band dims along which some read of the band's statements touches the same data (the
+    reuse that the dependence analysis found, paper §5.2)."""
     n = len(band.dims)
-    dist = band_distances(band, deps)
-    band.reuse = _reuse_dims(band, model)
-    if dist is None:
-        band.distances = set()
-        band.pi = None
-        plain = [c for c in range(n) if c not in band.reuse]
-        band.T = _permutation(plain + band.reuse, n)  # all parallel: reuse dims innermost
-        return band
-    pts = _point_set(dist)
-    band.distances = pts if pts is not None else dist
-    band.pi = hyperplane(dist, n)
-    support = {c for c, a in enumerate(band.pi) if a}
-    band.T = complete_unimodular(band.pi, n, reuse_dims=[c for c in band.reuse if c not in support])
-    return band
+    return sorted({k - band.outer for r in deps.reuse if r.statement in band.statements
+                   for k in r.columns if band.outer <= k < band.outer + n})
 
 
 # ---------------------------------------------------------------------------------------
 # Building schedules
 
 
-def _oriented(dim, name) -> str:
-    return f"({dim.extent} - 1 - {name})" if dim.reversed else name
-
-
-def _row(coeffs, terms) -> str:
-    parts = [t if c == 1 else f"{c}*{t}" for c, t in zip(coeffs, terms) if c]
-    return " + ".join(parts) if parts else "0"
-
-
 def _statement_maps(model: PolyModel, band_T: dict) -> dict:
-    """Per statement: S[dims] -> [seq, T·v, seq, T·v, ..., seq] (padded)."""
-    namer = _Namer(model.params)
-    prefix = f"[{', '.join(model.params)}] -> " if model.params else ""
+    """Per statement: S[dims] -> [seq, T·v, seq, T·v, ..., seq] (padded), each band's dims
+    transformed by its T in `band_T` (block name -> T; the nest as written where absent)."""
+    namer = Namer(model.params)
+    prefix = param_prefix(model.params)
     width = max((len(st.position) for st in model.etdg.statements), default=0)
-    out = {}
-    for st in model.etdg.statements:
-        names = {d: namer(d) for d in st.dims}
-        items, k = [], 0
-        pos = st.position
-        while k < len(pos):
-            item = pos[k]
-            if isinstance(item, int):
-                items.append(str(item))
-                k += 1
-                continue
-            blk = next(b for b in model.etdg.blocks() if b.dims and b.dims[0] is item)
-            v = [_oriented(d, names[d]) for d in blk.dims]
-            T = band_T.get(blk.name)
-            rows = T if T is not None else np.eye(len(v), dtype=int)
-            items += [_row(list(r), v) for r in rows]
-            k += len(blk.dims)
-        items += ["0"] * (width - len(items))
-        bounds = [f"0 <= {names[d]} < {d.extent}" for d in st.dims]
-        text = (f"{prefix}{{ {st.name}[{', '.join(names[d] for d in st.dims)}] -> [{', '.join(items)}]"
-                f" : {' and '.join(bounds) or 'true'} }}")
-        out[st.name] = isl.Map(text).intersect_params(model.context)
-    return out
+    return {st.name: schedule_map(prefix, st, namer, width, band_T).intersect_params(model.context)
+            for st in model.etdg.statements}
 
 
 def _statement_T(model: PolyModel, band_T: dict) -> dict:
@@ -292,20 +208,9 @@ def _path(block) -> list:
     return chain
 
 
-def _union(maps) -> isl.UnionMap:
-    maps = list(maps)
-    if not maps:
-        return isl.UnionMap("{ }")
-    u = isl.UnionMap.from_map(maps[0])
-    for m in maps[1:]:
-        u = u.union(isl.UnionMap.from_map(m))
-    return u
-
-
 def check_legal(per_statement: dict, deps: Dependences) -> None:
     """Every dependence must go forward in time (lexicographically), else ScheduleError."""
-    for m in _maps(_all_deps(deps)):
-        src, dst = m.get_tuple_name(isl.dim_type.in_), m.get_tuple_name(isl.dim_type.out)
+    for src, dst, m in _dependences(deps):
         s1, s2 = per_statement[src], per_statement[dst]
         lexge = isl.Map.lex_ge(s1.get_space().range())
         backwards = s1.apply_range(lexge).apply_range(s2.reverse())
@@ -315,14 +220,16 @@ def check_legal(per_statement: dict, deps: Dependences) -> None:
                                 f"(scheduled {s1} and {s2})", op="schedule")
 
 
-def _parallel_dims(per_statement: dict, deps: Dependences) -> list:
-    """A time dim is parallel when no dependence is carried at that level."""
+def _timed(m: isl.Map, src: str, dst: str, per_statement: dict) -> isl.Map:
+    """A dependence as time of the source -> time of the sink."""
+    return m.apply_domain(per_statement[src]).apply_range(per_statement[dst])
+
+
+def parallel_dims(per_statement: dict, deps: Dependences) -> list:
+    """Per time dim of the schedule `per_statement` (name -> isl.Map): True when it is
+    parallel, i.e. no dependence is carried at that level."""
     width = next(iter(per_statement.values())).dim(isl.dim_type.out) if per_statement else 0
-    pairs = None
-    for m in _maps(_all_deps(deps)):
-        src, dst = m.get_tuple_name(isl.dim_type.in_), m.get_tuple_name(isl.dim_type.out)
-        t = m.apply_domain(per_statement[src]).apply_range(per_statement[dst])
-        pairs = t if pairs is None else pairs.union(t)
+    pairs = union(_timed(m, src, dst, per_statement) for src, dst, m in _dependences(deps))
     parallel = []
     for k in range(width):
         if pairs is None:
@@ -347,9 +254,8 @@ def _sequential_levels(model: PolyModel, per_statement: dict, deps: Dependences)
     width = per_statement[names[0]].dim(isl.dim_type.out)
     images = {n: model.domains[n].apply(per_statement[n]).reset_tuple_id() for n in names}
     carried = [set() for _ in range(width)]  # statements with a dependence carried at k
-    for m in _maps(_all_deps(deps)):
-        src, dst = m.get_tuple_name(isl.dim_type.in_), m.get_tuple_name(isl.dim_type.out)
-        same = m.apply_domain(per_statement[src]).apply_range(per_statement[dst])
+    for src, dst, m in _dependences(deps):
+        same = _timed(m, src, dst, per_statement)
         for k in range(width):
             if same.is_empty():
                 break
@@ -391,7 +297,7 @@ def sequential_steps(model: PolyModel, per_statement: dict, parallel: list, deps
     if any(p not in model.sizes for p in model.params):
         return None
     seq = _sequential_levels(model, per_statement, deps) if deps is not None else None
-    times = None
+    images = []
     for name, m in per_statement.items():
         img = model.domains[name].apply(m).reset_tuple_id()
         if seq is not None:
@@ -399,7 +305,8 @@ def sequential_steps(model: PolyModel, per_statement: dict, parallel: list, deps
                 if k not in seq[name]:
                     img = img.project_out(isl.dim_type.set, k, 1).insert_dims(isl.dim_type.set, k, 1) \
                         .fix_val(isl.dim_type.set, k, isl.Val.zero(img.get_ctx()))
-        times = img if times is None else times.union(img)
+        images.append(img)
+    times = union(images)
     if times is None:
         return 0
     if seq is None:
@@ -425,7 +332,7 @@ def make_schedule(model: PolyModel, deps: Dependences, kind="auto") -> Schedule:
             raise ScheduleError(f"cannot read the schedule {kind!r} as an ISL union map ({e})",
                                 op="schedule") from None
         per = {}
-        for m in _maps(user.intersect_params(model.context)):
+        for m in maps(user.intersect_params(model.context)):
             per[m.get_tuple_name(isl.dim_type.in_)] = m
         missing = set(model.domains) - set(per)
         if missing:
@@ -441,19 +348,29 @@ def make_schedule(model: PolyModel, deps: Dependences, kind="auto") -> Schedule:
             if not per[name].intersect_domain(dom).is_single_valued():
                 raise ScheduleError(f"the schedule gives instances of {name} more than one time: {per[name]}",
                                     op="schedule")
-        return _finish("user", model, deps, per, {}, [])
+        return _finish("user", model, deps, per, [])
+    per, bs = schedule_maps(model, deps, kind)
+    return _finish(kind, model, deps, per, bs)
+
+
+def schedule_maps(model: PolyModel, deps: Dependences, kind: str = "auto") -> tuple[dict, list]:
+    """(statement name -> time map, the bands) of an "auto" schedule (every band reordered:
+    π and T from its distances and reuse) or an "original" one, not yet checked or measured."""
     bs = bands(model)
-    band_T = {}
     if kind == "auto":
         for b in bs:
-            reorder_band(b, model, deps)
-            band_T[b.block.name] = b.T
-    return _finish(kind, model, deps, _statement_maps(model, band_T), band_T, bs)
+            b.reordering = reorder_space(band_distances(b, deps), [d.name for d in b.dims], band_reuse(b, deps))
+    return _statement_maps(model, _band_T(bs)), bs
 
 
-def _finish(kind, model, deps, per, band_T, bs) -> Schedule:
+def _band_T(bs) -> dict:
+    return {b.block.name: b.T for b in bs if b.T is not None}
+
+
+def _finish(kind, model, deps, per, bs) -> Schedule:
     check_legal(per, deps)
-    parallel = _parallel_dims(per, deps)
+    parallel = parallel_dims(per, deps)
     steps = sequential_steps(model, per, parallel, deps)
-    T = _statement_T(model, band_T) if kind != "user" else {}
-    return Schedule(kind, _union(per.values()), per, T, bs, parallel, steps)
+    T = _statement_T(model, _band_T(bs)) if kind != "user" else {}
+    space = isl.Space.params_alloc(model.context.get_ctx(), 0)
+    return Schedule(kind, union_map(per.values(), space), per, T, bs, parallel, steps)

@@ -18,7 +18,7 @@ from polyft.deps.analyze import analyze
 from polyft.deps.model import build, check_single_assignment
 from polyft import cli, interpret
 from polyft.errors import AccessError, LengthMismatchError, SingleAssignmentError
-from polyft.etdg import Aff
+from polyft.affine import Aff
 from polyft.testing import rel_error
 from polyft.workloads import WORKLOADS, stacked_rnn
 

@@ -13,6 +13,7 @@ from hypothesis import given, settings, strategies as st
 from polyft.deps.linalg import (
     complete_unimodular,
     hermite_normal_form,
+    hyperplane_search,
     integer_null_space,
     is_unimodular,
     lamport_hyperplane,
@@ -280,6 +281,20 @@ def test_hyperplane_minimal(case):
     for cand in _vectors_up_to(s, dims):
         if sum(cand) < s or cand > pi:
             assert not _feasible(cand, ds), (cand, pi)
+
+
+@pytest.mark.parametrize("dims, limit", [(1, 5), (2, 4), (3, 4)])
+def test_hyperplane_search_order(dims, limit):
+    """The search meets every vector of sum <= limit once, by increasing sum and, within a
+    sum, lexicographically largest first; it returns the first that carries, None if none."""
+    seen = []
+    assert hyperplane_search(dims, lambda pi: seen.append(pi) and False, limit) is None
+    assert seen == sorted((v for v in _vectors_up_to(limit, dims) if sum(v)), key=lambda v: (sum(v), [-x for x in v]))
+    for want in seen:
+        assert hyperplane_search(dims, lambda pi: pi == want, limit) == want
+    if dims > 1:  # pruning on the leading entries: pi[0] = 0 only
+        pruned = hyperplane_search(dims, lambda pi: True, limit, viable=lambda prefix, left: prefix[0] == 0)
+        assert pruned == (0, 1) + (0,) * (dims - 2)
 
 
 def _vectors_up_to(s, dims):

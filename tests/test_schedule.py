@@ -30,14 +30,17 @@ from hypothesis import strategies as st
 
 import polyft as ft
 from polyft.deps.analyze import analyze as analyze_deps
-from polyft.deps.model import _maps, build
+from polyft.deps.isl_helpers import maps
+from polyft.deps.linalg import is_unimodular
+from polyft.deps.model import build
 from polyft import interpret
 from polyft.errors import ScheduleError
-from polyft.etdg import BlockNode, ge
+from polyft.affine import ge
+from polyft.etdg import BlockNode
 from polyft.testing import rel_error
 from polyft.workloads import WORKLOADS, stacked_rnn
 from polyft.schedule.lower import lower
-from polyft.schedule.reorder import Reordering, bounds, reorder, transformed_accesses
+from polyft.schedule.reorder import Reordering, bounds, reorder, reorder_space, transformed_accesses
 from polyft.schedule.schedule import distances
 
 from nests import KEEPS_LEVEL, Elem, Kit, Level, lift, make_body, nest_inputs, transforms
@@ -128,7 +131,7 @@ def region3(request):
     low = lower(build(etdg), st_.name, region=(ge(j, 1), ge(k, 1)))
     deps = analyze_deps(low)
     dist = distances(deps, [st_.name], 0, [False] * 4)
-    R = reorder(low, deps, st_.name, dist)
+    R = reorder(low, st_.name, dist)
     return preset, stacked_rnn.PRESETS[preset]["H"], low, deps, st_.name, R, dist
 
 
@@ -213,7 +216,7 @@ def test_region3_bounds_enumerated(N, D, L):
     _, j, k = st_.dims
     low = lower(build(etdg, {"N": N, "D": D, "L": L}), st_.name, region=(ge(j, 1), ge(k, 1)))
     deps = analyze_deps(low)
-    R = reorder(low, deps, st_.name, distances(deps, [st_.name], 0, [False] * 4))
+    R = reorder(low, st_.name, distances(deps, [st_.name], 0, [False] * 4))
     H = stacked_rnn.PRESETS["small"]["H"]
     region = [(i, jj, kk, e) for i in range(N) for jj in range(1, D) for kk in range(1, L) for e in range(H)]
     T = np.array(FIGURE6_T)
@@ -233,6 +236,32 @@ def test_region3_accesses_are_table5(region3):
     got = sorted((kind, buf, mt.tolist(), [int(x) for x in o])
                  for kind, buf, _, mt, o in transformed_accesses(low, name, R))
     assert got == TABLE5_ACCESSES
+
+
+@pytest.mark.parametrize("text, pi", [
+    ("[N] -> { [i, j] : i = 1 and 0 <= j < N; [0, 1] }", (1, 1)),
+    ("[N] -> { [i, j] : 1 <= i < N and -1 <= j <= 1 }", (1, 0)),
+    ("[N] -> { [i, j, k] : 1 <= i < N and j = 0 and k = 0; [0, j, k] : 1 <= j < N and -1 <= k <= 1; [0, 0, 1] }",
+     (1, 2, 1)),
+])
+def test_reorder_space_on_distances_that_grow_with_a_length(text, pi):
+    """Distances with no bound over the lengths: π is the smallest-sum vector that carries
+    them all (lexicographically largest among equal sums; checked against enumeration at
+    N = 1..7), T is unimodular with π as its first row; none within the search's bound is
+    a ScheduleError."""
+    dist = isl.Set(text)
+    n = dist.dim(isl.dim_type.set)
+    R = reorder_space(dist, [f"x{k}" for k in range(n)], [])
+    assert R.pi == pi and R.distances is dist and is_unimodular(R.T) and list(R.T[0]) == list(pi)
+    vecs = set().union(*(points(dist.fix_val(isl.dim_type.param, 0, N)) for N in range(1, 8)))
+
+    def carries(c):
+        return all(sum(a * b for a, b in zip(c, v)) >= 1 for v in vecs)
+    assert carries(pi)
+    assert not any(carries(c) for c in itertools.product(range(sum(pi) + 1), repeat=n)
+                   if sum(c) < sum(pi) or (sum(c) == sum(pi) and c > pi))  # smallest sum; outer dims first
+    with pytest.raises(ScheduleError, match="no hyperplane"):
+        reorder_space(isl.Set("[N] -> { [i, j] : i = 1 and -N < j < N; [0, 1] }"), ["x0", "x1"], [])
 
 
 # -- stacked RNN: L + D - 1 against D·L ----------------------------------------------------
@@ -319,7 +348,7 @@ def carried_levels(prog, band) -> set:
     carried."""
     per = prog.schedule.per_statement
     levels = set()
-    for m in _maps(prog.deps.may_flow.union(prog.deps.anti).union(prog.deps.output)):
+    for m in maps(prog.deps.may_flow.union(prog.deps.anti).union(prog.deps.output)):
         src, dst = m.get_tuple_name(isl.dim_type.in_), m.get_tuple_name(isl.dim_type.out)
         if src not in band.statements or dst not in band.statements:
             continue
@@ -386,7 +415,7 @@ def test_illegal_user_schedule_names_a_violated_dependence(text, carried):
     violated = isl.Map(found.group(1))  # an ISL string
     assert not violated.is_empty() and carried in found.group(1)
     prog = ft.analyze(stacked_rnn.program, *specs, sizes=RNN_SIZES)
-    assert violated.is_subset(_maps(prog.deps.flow)[0].intersect_params(prog.model.context))
+    assert violated.is_subset(maps(prog.deps.flow)[0].intersect_params(prog.model.context))
     # and it is really violated: the user's times of its source and sink are not increasing
     user = isl.Map(text).intersect_params(prog.model.context)
     for p in points(violated):
@@ -500,7 +529,7 @@ def test_table4_stride_gives_distance_s(s):
     (band,) = prog.schedule.bands
     assert band.block.p == ["map", "scanl"] and band.distances == {(0, 1)} and band.pi == (0, 1)
     (read,) = [m for _, am, m in prog.model.accesses if am.kind == "read" and am.buffer.resolve().name == "xs"]
-    (dep,) = _maps(prog.deps.flow)
+    (dep,) = maps(prog.deps.flow)
     flat = read.reverse().apply_range(dep).apply_range(read)  # xs[t] -> xs[t'] of source -> sink
     assert points(flat.deltas()) == {(s,)}
     assert len(points(flat)) == L - s
