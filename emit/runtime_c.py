@@ -1,5 +1,6 @@
-"""Compile C source into a shared object (cached on disk by a hash of source, compiler and
-flags; written atomically so concurrent compiles never clash) and run it with ctypes."""
+"""The ctypes runtime: C source compiled into a shared object (cached on disk by a hash of
+source, compiler and flags; written atomically so concurrent compiles never clash), run with
+ctypes."""
 from __future__ import annotations
 
 import ctypes
@@ -10,9 +11,9 @@ import shutil
 import subprocess
 import tempfile
 
-
-
 from polyft.errors import CompileError
+
+from .protocol import Runtime
 
 # -ffp-contract=fast: ISO C (-std=c99) would otherwise forbid fusing a*b + c into one FMA
 FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-std=c99", "-fPIC", "-shared"]
@@ -74,20 +75,24 @@ def build(source: str, flags=None, cc=None) -> str:
     return so
 
 
-class CFunction:
-    """`polyft_run(void** bufs, const long* params)` from a compiled shared object."""
+class CtypesRuntime(Runtime):
+    """The C target's module compiled into a shared object, its `polyft_run(void** bufs,
+    const long* params)` called through ctypes on the arrays where they are."""
 
-    def __init__(self, source: str, flags=None):
+    def __init__(self, module, flags=None):
+        super().__init__(module)
         self.flags = list(FLAGS if flags is None else flags)
-        self.path = build(source, self.flags)
+        self.path = build(module.source, self.flags)
         self._lib = ctypes.CDLL(self.path)
         self._fn = self._lib.polyft_run
         self._fn.restype = None
         self._fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_long)]
 
-    def __call__(self, arrays, params) -> None:
+    def bind(self, arrays: list, values: dict) -> tuple:
         for a in arrays:
             assert a.flags.c_contiguous  # the caller allocates every buffer contiguously
-        ptrs = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
-        ps = (ctypes.c_long * max(1, len(params)))(*[int(p) for p in params])
-        self._fn(ptrs, ps)
+        params = (ctypes.c_long * max(1, len(self.module.params)))(*[int(values[p]) for p in self.module.params])
+
+        def run():
+            self._fn((ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays]), params)
+        return run, (lambda: None)

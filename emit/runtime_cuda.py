@@ -1,23 +1,24 @@
-"""Running the CUDA target: the generated host driver launches kernels on a back end.
+"""The CUDA runtimes: a CudaModule's host driver launches its kernels on a back end.
 
-* `PyCudaBackend` (the `cuda` extra, imported lazily): nvcc through PyCUDA's compiler cache,
-  device buffers, launches checked after every launch, FractalTensors moved to and from the
-  device.
-* `EmulatedBackend`: the same `.cu` compiled as C++ for the CPU with the emulator header
-  (emit/emulate.hpp: threads as fibers, barriers, warp shuffles and WMMA with the tensor
-  cores' rounding), every block run in turn — so CI, which has nvcc but no GPU, checks what
-  the generated CUDA computes, not only that it compiles.
+* `PyCudaRuntime` on `PyCudaBackend` (the `cuda` extra, imported lazily): nvcc through
+  PyCUDA's compiler cache, device buffers, launches checked after every launch.
+* `EmulatedRuntime` on `EmulatedBackend`: the same `.cu` compiled as C++ for the CPU with the
+  emulator header (emit/emulate.hpp: threads as fibers, barriers, warp shuffles and WMMA with
+  the tensor cores' rounding), every block run in turn — so CI, which has nvcc but no GPU,
+  checks what the generated CUDA computes, not only that it compiles.
 """
 from __future__ import annotations
 
 import ctypes
 import os
+from abc import ABC, abstractmethod
 
 import numpy as np
 
 from polyft.errors import CompileError, DeviceError
 
 from . import runtime_c
+from .protocol import Runtime
 
 with open(os.path.join(os.path.dirname(__file__), "emulate.hpp")) as _f:
     EMULATOR = _f.read()
@@ -46,7 +47,22 @@ def pack_ctx(layout, params, values: dict, pointers: list, shapes: list) -> np.n
     return ctx
 
 
-class EmulatedBackend:
+class Backend(ABC):
+    """Where a module's kernels run: `upload(array)` and `ctx(struct)` give (handle, device
+    address), `download(handle, array)` the array's contents back, `launch` runs kernel k."""
+
+    def launch(self, k: int, grid: tuple, args: tuple) -> None:
+        """Kernel polyft_k<k> on a 1-D or 2-D grid with `args` (the context's address, then longs)."""
+        gx, gy = (list(grid) + [1])[:2]
+        if gx > 0 and gy > 0:  # an empty grid launches nothing
+            self._launch(k, int(gx), int(gy), args)
+
+    @abstractmethod
+    def _launch(self, k: int, gx: int, gy: int, args: tuple) -> None:
+        """Kernel k on a gx x gy grid."""
+
+
+class EmulatedBackend(Backend):
     """The CUDA source as CPU C++ (emit/emulate.hpp): a block's threads are fibers switched
     at barriers, blocks run one after another."""
 
@@ -80,18 +96,15 @@ class EmulatedBackend:
     def ctx(self, ctx: np.ndarray):
         return ctx, ctx.ctypes.data
 
-    def launch(self, k, grid, args):
-        gx, gy = (list(grid) + [1])[:2]
-        if gx <= 0 or gy <= 0:
-            return
+    def _launch(self, k, gx, gy, args):
         a = (ctypes.c_long * len(args))(*[int(x) for x in args])
-        bad = self._kernels[k](a, int(gx), int(gy))
+        bad = self._kernels[k](a, gx, gy)
         if bad:
             raise DeviceError(f"kernel polyft_k{k}: in block ({(bad - 1) % gx}, {(bad - 1) // gx}) threads wait "
                               "at barriers the others never reach (a barrier in divergent code)", op="launch")
 
 
-class PyCudaBackend:
+class PyCudaBackend(Backend):
     """Kernels compiled by nvcc through PyCUDA and launched on the current GPU."""
 
     name = "pycuda"
@@ -137,49 +150,42 @@ class PyCudaBackend:
     def ctx(self, ctx: np.ndarray):
         return self.upload(ctx)
 
-    def launch(self, k, grid, args):
-        gx, gy = (list(grid) + [1])[:2]
-        if gx <= 0 or gy <= 0:
-            return
+    def _launch(self, k, gx, gy, args):
         fn = self._kernels[k]
         fn(np.uintp(args[0]), *[np.int64(a) for a in args[1:]], block=(self.threads, 1, 1),
-           grid=(int(gx), int(gy)), shared=self.shared_bytes)
+           grid=(gx, gy), shared=self.shared_bytes)
         try:
             self.drv.Context.synchronize()
         except self.drv.Error as e:
             raise DeviceError(f"kernel polyft_k{k} (grid {gx}x{gy}) failed: {e}", op="launch") from None
 
 
-class CudaProgram:
-    """Generated CUDA + host driver on a back end; called like the C program."""
+class CudaRuntime(Runtime):
+    """A CudaModule: its host driver launches its kernels on a back end (`load`)."""
 
-    def __init__(self, model, schedule, backend: str = "pycuda", precision: str = "fp32"):
-        from . import cuda_target
-        threads = EMULATED_THREADS if backend == "emulated" else cuda_target.THREADS
-        gen = cuda_target.generate(model, schedule, threads, precision)
-        self.source, self.host, self.layout, self.shared_bytes = gen.source, gen.host, gen.layout, gen.shared_bytes
-        self.params = list(model.params)
+    def __init__(self, module):
+        super().__init__(module)
         namespace: dict = {}
-        exec(compile(self.host, "<polyft host driver>", "exec"), namespace)
+        exec(compile(module.host, "<polyft host driver>", "exec"), namespace)
         self._driver = namespace["run"]
-        if backend == "emulated":
-            self.backend = EmulatedBackend(self.source, gen.arities)
-        elif backend == "pycuda":
-            self.backend = PyCudaBackend(self.source, len(gen.arities), threads, gen.shared_bytes)
-        else:
-            raise CompileError(f"unknown CUDA back end {backend!r}", op="compile")
+        self.backend = self.load(module)
 
-    def bind(self, arrays: list, values: dict):
-        """Upload the buffers once; returns (run, fetch): `run()` launches the whole program on
-        the resident data (what a benchmark times), `fetch()` copies the outputs back."""
+    @abstractmethod
+    def load(self, module) -> Backend:
+        """The back end running the module's kernels."""
+
+    def bind(self, arrays: list, values: dict) -> tuple:
+        """Uploads the buffers once: `run()` launches the whole program on the resident data,
+        `fetch()` copies the outputs back."""
+        layout, params = self.module.layout, self.module.params
         handles, pointers = [], []
         for a in arrays:
             h, p = self.backend.upload(a)
             handles.append(h)
             pointers.append(p)
-        ctx = pack_ctx(self.layout, self.params, values, pointers, [a.shape for a in arrays])
+        ctx = pack_ctx(layout, params, values, pointers, [a.shape for a in arrays])
         ctx_handle, ctx_ptr = self.backend.ctx(ctx)
-        args = [values[p] for p in self.params]
+        args = [values[p] for p in params]
 
         def launch(k, grid, los, outer):
             self.backend.launch(k, grid, (ctx_ptr, *los, *outer))
@@ -189,12 +195,21 @@ class CudaProgram:
 
         def fetch():
             for k, (h, a) in enumerate(zip(handles, arrays)):
-                if self.layout.buffers[k].kind == "output":
+                if layout.buffers[k].kind == "output":
                     arrays[k][...] = self.backend.download(h, a)
             return ctx_handle  # keeps the device context alive as long as the caller holds it
         return run, fetch
 
-    def __call__(self, arrays: list, values: dict) -> None:
-        run, fetch = self.bind(arrays, values)
-        run()
-        fetch()
+
+class EmulatedRuntime(CudaRuntime):
+    """The module run on the CPU by the emulator (generate it with EMULATED_THREADS)."""
+
+    def load(self, module) -> Backend:
+        return EmulatedBackend(module.source, module.arities)
+
+
+class PyCudaRuntime(CudaRuntime):
+    """The module run on the current GPU through PyCUDA."""
+
+    def load(self, module) -> Backend:
+        return PyCudaBackend(module.source, len(module.arities), module.threads, module.shared_bytes)

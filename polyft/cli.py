@@ -4,7 +4,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+from polyft.experiments.common import preset, preset_args
+from polyft.schedule.coarsen import coarsen
+from polyft.schedule.reorder import bounds
+
 from .errors import PolyftError
+from .program import analyze
+from .tracing import trace
+from .workloads import WORKLOADS, get
 
 
 def _sizes(text: str | None) -> dict:
@@ -20,33 +27,27 @@ def _sizes(text: str | None) -> dict:
 
 
 def cmd_workloads(args) -> int:
-    from . import tracing
-    from .workloads import WORKLOADS
     for name, mod in WORKLOADS.items():
-        sig = tracing.trace(mod.program, *mod.specs(args.preset)).signature()
+        sig = trace(mod.program, *mod.specs(args.preset)).signature()
         print(f"{name:<16} {mod.DESCRIPTION}\n{'':<16} {sig}\n")
     return 0
 
 
 def cmd_inspect(args) -> int:
-    from . import tracing
-    from .workloads import get
     mod = get(args.workload)
     specs = mod.specs(args.preset)
-    etdg = tracing.trace(mod.program, *specs)
+    etdg = trace(mod.program, *specs)
     print(etdg)
     if args.dot:
         with open(args.dot, "w") as f:
             f.write(etdg.to_dot())
         print(f"\nwrote {args.dot}")
     if args.coarsen:
-        from polyft.schedule.coarsen import coarsen
         coarsened, log = coarsen(etdg)
         print("\ncoarsening (paper §5.1):")
         print("\n".join(f"  {line}" for line in log) or "  nothing to merge")
         print("\nafter coarsening:\n" + str(coarsened))
     if args.deps or args.schedule:
-        from .program import analyze
         prog = analyze(mod.program, *specs, sizes=_sizes(args.size))
         if args.deps:
             print("\n" + prog.model.describe())
@@ -58,7 +59,6 @@ def cmd_inspect(args) -> int:
 
 def _schedules(prog) -> str:
     """Original and transformed schedules side by side, per statement, with T and bounds."""
-    from polyft.schedule.reorder import bounds
     orig, auto, ctx = prog.original_schedule(), prog.schedule, prog.model.context
     lines = ["schedules (original | auto):"]
     for name in auto.per_statement:
@@ -79,9 +79,8 @@ def _schedules(prog) -> str:
 
 
 def cmd_reproduce(args) -> int:
-    from polyft.experiments.reproduce import reproduce, summary
-    preset = "paper" if args.paper else "quick"
-    rows = reproduce(args.artefacts, preset=preset, out_dir=args.out, plots=not args.no_plots)
+    from polyft.experiments.reproduce import reproduce, summary  # matplotlib and pandas: only here
+    rows = reproduce(args.artefacts, preset=preset(args), out_dir=args.out, plots=not args.no_plots)
     print("\n" + summary(rows, args.out))
     return 0 if all(r[1] == "ok" for r in rows) else 1
 
@@ -106,10 +105,7 @@ def main(argv=None) -> int:
     p.set_defaults(run=cmd_inspect)
     p = sub.add_parser("reproduce", help="run the paper's experiments and write results/")
     p.add_argument("artefacts", nargs="*", help="which artefacts (default: all)")
-    size = p.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="small sizes on the CPU (the default)")
-    size.add_argument("--paper", action="store_true", help="the paper's shapes (for a GPU machine)")
-    p.add_argument("--out", default="results", help="output folder (default: results)")
+    preset_args(p)
     p.add_argument("--no-plots", action="store_true", help="skip the plotting step (experiments/plot.py)")
     p.set_defaults(run=cmd_reproduce)
     args = parser.parse_args(argv)

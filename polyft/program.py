@@ -1,8 +1,21 @@
-"""`ft.analyze`: trace, model, analyse and schedule a program (no code generation). The one
-place where the language reaches into deps/ and schedule/, lazily, so that `import polyft`
-stays light and the packages keep their left-to-right order."""
+"""The driver, at the top layer: `ft.analyze` traces, models, analyses and schedules a
+program (no code generation); `ft.compile` also generates code for a target and loads it
+into that target's runtime (emit.targets). Nothing below imports this module; `polyft`
+imports it when analyze/compile is first called, so `import polyft` stays light."""
 from __future__ import annotations
 
+import numpy as np
+
+from polyft.deps.analyze import analyze as dependences
+from polyft.deps.model import build
+from polyft.emit.c_statements import native_dtype
+from polyft.emit.targets import select
+from polyft.schedule.coarsen import coarsen as coarsen_etdg
+from polyft.schedule.schedule import make_schedule
+
+from .errors import InputError
+from .fractaltensor import FractalTensor
+from .interpret import assemble_outputs, bind_params
 from .tracing import trace
 
 
@@ -10,10 +23,6 @@ class Program:
     """A traced program with its polyhedral model, dependences and schedule (§4.4–§5)."""
 
     def __init__(self, fn, args, schedule="auto", sizes=None, coarsen=None):
-        from polyft.deps.analyze import analyze
-        from polyft.deps.model import build
-        from polyft.schedule.coarsen import coarsen as coarsen_etdg
-        from polyft.schedule.schedule import make_schedule
         self.fn = fn
         self.traced = trace(fn, *args)
         self.coarsen_log: list = []
@@ -22,18 +31,14 @@ class Program:
         else:
             self.etdg = self.traced
         self.model = build(self.etdg, sizes)
-        self.deps = analyze(self.model)
+        self.deps = dependences(self.model)
         self.schedule = make_schedule(self.model, self.deps, schedule)
 
     def original_schedule(self):
-        from polyft.schedule.schedule import make_schedule
         return make_schedule(self.model, self.deps, "original")
 
     def __repr__(self):
         return f"<Program {self.etdg.signature()}, {self.schedule.kind} schedule>"
-
-
-TARGETS = ("c", "cuda", "cuda-emulated")
 
 
 class CompiledProgram(Program):
@@ -46,30 +51,20 @@ class CompiledProgram(Program):
     """
 
     def __init__(self, fn, args, schedule="auto", sizes=None, target="c", coarsen=None, precision="fp32"):
-        from .errors import PolyftError
-        if target not in TARGETS:
-            raise PolyftError(f"unknown target {target!r}; available: {', '.join(TARGETS)}", op="compile")
-        if precision != "fp32" and target == "c":
-            raise PolyftError(f"precision {precision!r} is for the CUDA targets; the C target computes in fp32",
-                              op="compile")
+        generator, runtime = select(target, precision)
         super().__init__(fn, args, schedule, sizes, coarsen)
         self.precision = precision
         self.target = target
-        if target == "c":
-            from polyft.emit import c_target
-            from polyft.emit.runtime_c import CFunction
-            self.source, self.layout = c_target.generate(self.model, self.schedule)
-            c_run = CFunction(self.source)
-            self._run = lambda arrays, values: c_run(arrays, [values[p] for p in self.model.params])
-        else:
-            from polyft.emit.runtime_cuda import CudaProgram
-            cuda = CudaProgram(self.model, self.schedule, "emulated" if target == "cuda-emulated" else "pycuda",
-                               precision)
-            self.source, self.host_driver, self.layout = cuda.source, cuda.host, cuda.layout
-            self._run = cuda
+        self.module = generator.generate(self.model, self.schedule, precision)
+        self.source, self.layout = self.module.source, self.module.layout
+        self._run = runtime(self.module)
+
+    @property
+    def host_driver(self) -> str:
+        """The CUDA targets' host driver (Python) launching the kernels."""
+        return self.module.host
 
     def __call__(self, *inputs):
-        from .interpret import assemble_outputs
         values, storage = self._bind(inputs)
         arrays = [storage[b] for b in self.layout.buffers]
         self._run(arrays, values)
@@ -80,18 +75,10 @@ class CompiledProgram(Program):
         """For timing: a zero-argument callable that runs the program on these inputs with
         all buffers already in place (on the GPU for target "cuda"), and a fetch()."""
         values, storage = self._bind(inputs)
-        arrays = [storage[b] for b in self.layout.buffers]
-        if self.target == "c":
-            return (lambda: self._run(arrays, values)), (lambda: None)
-        return self._run.bind(arrays, values)
+        return self._run.bind([storage[b] for b in self.layout.buffers], values)
 
     def _bind(self, inputs):
         """Check the inputs (before any native code runs) and allocate every buffer."""
-        import numpy as np
-
-        from .errors import InputError
-        from .fractaltensor import FractalTensor
-        from .interpret import bind_params
         if len(inputs) != len(self.etdg.inputs):
             raise InputError(f"expected {len(self.etdg.inputs)} inputs "
                              f"({', '.join(n for n, _ in self.etdg.inputs)}), got {len(inputs)}", op="call")
@@ -107,21 +94,15 @@ class CompiledProgram(Program):
             arr = arg.to_numpy() if isinstance(arg, FractalTensor) else np.asarray(arg)
             if arr.dtype != np.dtype(buf.dtype):
                 raise InputError(f"input {name} should be {buf.dtype}, got {arr.dtype}", op="call")
-            storage[buf] = np.ascontiguousarray(arr, dtype=_native(buf.dtype))
+            storage[buf] = np.ascontiguousarray(arr, dtype=native_dtype(buf.dtype))
         for b in self.layout.buffers:
             if b not in storage:
                 if b.kind in ("const", "index"):
-                    storage[b] = np.ascontiguousarray(b.value, dtype=_native(b.dtype))
+                    storage[b] = np.ascontiguousarray(b.value, dtype=native_dtype(b.dtype))
                 else:
                     shape = tuple(n.evaluate(params) for n in b.dims) + b.element_shape
-                    storage[b] = np.empty(shape, dtype=_native(b.dtype))
+                    storage[b] = np.empty(shape, dtype=native_dtype(b.dtype))
         return params, storage
-
-
-def _native(dtype: str) -> str:
-    """The dtype of a buffer as the generated code reads and writes it: float16 tiles are
-    computed and stored as float (kernels.CTYPES), so their buffers are float32 there."""
-    return "float32" if dtype == "float16" else dtype
 
 
 def analyze(fn, *inputs_or_specs, schedule="auto", sizes=None, coarsen=None) -> Program:

@@ -14,6 +14,7 @@ Compiled objects go to a temporary cache directory (POLYFT_CACHE), one per modul
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -158,7 +159,7 @@ def test_float64_program():
 
 @pytest.mark.parametrize("how", ["inputs", "specs"])
 def test_float16_program(how):
-    """float16 tiles are computed in float (kernels.CTYPES); the compiled program takes and
+    """float16 tiles are computed in float (c_statements.CTYPES); the compiled program takes and
     returns float16 lists, equal to eager execution up to float16 rounding."""
     xs = ft.FractalTensor.from_numpy(rand((4, 2, 3), 62).astype(np.float16), 1)
     w = rand((3, 3), 63).astype(np.float16)
@@ -375,14 +376,14 @@ def test_compiler_error_shows_message_and_numbered_source(tmp_path, monkeypatch)
     """A generated program the compiler rejects: the message has gcc's error and the
     generated lines around it, numbered, the offending one marked."""
     monkeypatch.setenv("POLYFT_CACHE", str(tmp_path))
-    real = c_target.generate
+    real = c_target.CTarget.generate
     sources = []
 
-    def broken(model, schedule):
-        source, layout = real(model, schedule)
-        sources.append(source.replace("(void)c;", "(void)c; polyft_no_such_name += 1;", 1))
-        return sources[-1], layout
-    monkeypatch.setattr(c_target, "generate", broken)
+    def broken(self, model, schedule, precision="fp32"):
+        module = real(self, model, schedule, precision)
+        sources.append(module.source.replace("(void)c;", "(void)c; polyft_no_such_name += 1;", 1))
+        return dataclasses.replace(module, source=sources[-1])
+    monkeypatch.setattr(c_target.CTarget, "generate", broken)
     with pytest.raises(CompileError) as e:
         ft.compile(PROGRAMS["foldr"], *SPECS)
     msg = str(e.value)

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 import polyft as ft
-from polyft.emit import cuda_target
-from polyft.emit.cuda_target import PRECISIONS, TOLERANCE
+from polyft.emit.cuda_arena import SHARED_LIMIT
+from polyft.emit.cuda_statements import PRECISIONS, TOLERANCE
+from polyft.emit.cuda_target import CudaTarget
 from polyft.errors import CompileError, DeviceError, PolyftError
 from polyft.testing import rel_error
 from polyft.workloads import WORKLOADS
@@ -41,7 +42,7 @@ TARGETS = ["cuda-emulated", pytest.param("cuda", marks=[
 def test_nvcc_compiles_for_sm80_and_sm90(name, tmp_path):
     mod = WORKLOADS[name]
     prog = ft.analyze(mod.program, *mod.specs("small"))
-    gen = cuda_target.generate(prog.model, prog.schedule)
+    gen = CudaTarget().generate(prog.model, prog.schedule)
     assert len(gen.arities) >= 1 and gen.shared_bytes > 0
     _nvcc(gen.source, tmp_path)
 
@@ -60,7 +61,7 @@ def _nvcc(source, tmp_path):
 def test_nvcc_compiles_tensor_core_gemms_for_sm80_and_sm90(name, precision, tmp_path):
     mod = WORKLOADS[name]
     prog = ft.analyze(mod.program, *mod.inputs("small", **TENSOR_CORE_SIZES[name]))
-    source = cuda_target.generate(prog.model, prog.schedule, precision=precision).source
+    source = CudaTarget().generate(prog.model, prog.schedule, precision).source
     assert f"ft::gemm_tc<{PRECISIONS[precision][0]}," in source
     _nvcc(source, tmp_path)
 
@@ -74,8 +75,8 @@ def test_gpu_benchmark_sizes_fit_a_block_and_compile(name, sizes, tmp_path):
     and nvcc compiles them."""
     mod = WORKLOADS[name]
     prog = ft.analyze(mod.program, *mod.specs("paper", **sizes))
-    gen = cuda_target.generate(prog.model, prog.schedule, precision="fp16")
-    assert gen.shared_bytes <= cuda_target.SHARED_LIMIT
+    gen = CudaTarget().generate(prog.model, prog.schedule, "fp16")
+    assert gen.shared_bytes <= SHARED_LIMIT
     assert "ft::gemm_tc<__half," in gen.source
     _nvcc(gen.source, tmp_path)
 

@@ -18,9 +18,25 @@ def build_ast(schedule_map: isl.UnionMap, context: isl.Set) -> isl.AstNode:
     return build.node_from_schedule_map(schedule_map)
 
 
-def _children(node):
+def children(node):
+    """The nodes of a block node, in order."""
     lst = node.block_get_children()
     return [lst.get_at(i) for i in range(lst.n_ast_node())]
+
+
+def below(node) -> list:
+    """The nodes directly below `node`: a block's children, a loop's body, a guard's branches,
+    a mark's node."""
+    t = node.get_type()
+    if t == isl.ast_node_type.block:
+        return children(node)
+    if t == isl.ast_node_type.for_:
+        return [node.for_get_body()]
+    if t == isl.ast_node_type.if_:
+        return [node.if_get_then_node()] + ([node.if_get_else_node()] if node.if_has_else_node() else [])
+    if t == isl.ast_node_type.mark:
+        return [node.mark_get_node()]
+    return []
 
 
 def to_cgen(node: isl.AstNode, parallel: list, statement, parallel_for, inside_parallel=False,
@@ -33,17 +49,18 @@ def to_cgen(node: isl.AstNode, parallel: list, statement, parallel_for, inside_p
         return to_cgen(n, parallel, statement, parallel_for, inside, tiles, tl)
     t = node.get_type()
     if t == isl.ast_node_type.block:
-        return cgen.Block([sub(c) for c in _children(node)])
+        return cgen.Block([sub(c) for c in children(node)])
     if t == isl.ast_node_type.for_:
         it = node.for_get_iterator().get_id().get_name()
         level = int(it[1:])
         par = parallel[level] and not inside_parallel
         init = f"long {it} = {node.for_get_init().to_C_str()}"
-        if tiles and _loop_key(node) in tiles:
-            size = tiles[_loop_key(node)]
-            hi, inclusive = _upper(node, it)
+        if tiles and loop_key(node) in tiles:
+            size = tiles[loop_key(node)]
+            hi, inclusive = upper_bound(node)
+            left = f"{hi.to_C_str()} - {it}{' + 1' if inclusive else ''}"  # iterations from it on
             count = f"{it}_n"
-            body = [cgen.Line(f"const long {count} = min({size}, {hi} - {it}{' + 1' if inclusive else ''});"),
+            body = [cgen.Line(f"const long {count} = min({size}, {left});"),
                     sub(node.for_get_body(), inside_parallel or par, (it, count))]
             loop = cgen.For(init, node.for_get_cond().to_C_str(), f"{it} += {size}", cgen.Block(body))
         else:
@@ -69,17 +86,20 @@ def _call(node):
             [expr.get_op_arg(k).to_C_str() for k in range(1, expr.get_op_n_arg())])
 
 
-def _tokens(expr: str) -> set:
+def names(expr: str) -> set:
+    """The identifiers in a C expression."""
     return set(re.findall(r"[A-Za-z_]\w*", expr))
 
 
-def _upper(node, it) -> tuple:
-    """(C expression, inclusive) of a unit-stride loop's upper bound `it <= e` / `it < e`."""
+def upper_bound(node) -> tuple:
+    """(ISL expression e, inclusive) of a loop's upper bound `it <= e` / `it < e`, else
+    (None, None)."""
+    it = node.for_get_iterator().get_id().get_name()
     cond = node.for_get_cond()
     first = cond.get_op_arg(0)
     if first.get_type() == isl.ast_expr_type.id and first.get_id().get_name() == it:
         if cond.get_op_type() in (isl.ast_expr_op_type.le, isl.ast_expr_op_type.lt):
-            return cond.get_op_arg(1).to_C_str(), cond.get_op_type() == isl.ast_expr_op_type.le
+            return cond.get_op_arg(1), cond.get_op_type() == isl.ast_expr_op_type.le
     return None, None
 
 
@@ -92,61 +112,43 @@ def tileable_loops(node: isl.AstNode, parallel: list, size: int, benefit) -> dic
     A parallel loop carries no dependence, so running its body for a tile of iterations
     statement by statement (and sinking it below inner loops) keeps every dependence."""
     def calls(n):
-        t = n.get_type()
-        if t == isl.ast_node_type.user:
+        if n.get_type() == isl.ast_node_type.user:
             return [_call(n)]
-        if t == isl.ast_node_type.block:
-            return [c for k in _children(n) for c in calls(k)]
-        if t == isl.ast_node_type.for_:
-            return calls(n.for_get_body())
-        if t == isl.ast_node_type.if_:
-            return calls(n.if_get_then_node()) + (calls(n.if_get_else_node()) if n.if_has_else_node() else [])
-        return calls(n.mark_get_node()) if t == isl.ast_node_type.mark else []
+        return [c for k in below(n) for c in calls(k)]
 
     def control(n):
         """The loop bounds and guards below n (a tiled iterator must not appear in them)."""
         t = n.get_type()
-        if t == isl.ast_node_type.block:
-            return [e for k in _children(n) for e in control(k)]
-        if t == isl.ast_node_type.for_:
-            return [n.for_get_init().to_C_str(), n.for_get_cond().to_C_str()] + control(n.for_get_body())
-        if t == isl.ast_node_type.if_:
-            return [n.if_get_cond().to_C_str()] + control(n.if_get_then_node()) + \
-                (control(n.if_get_else_node()) if n.if_has_else_node() else [])
-        return control(n.mark_get_node()) if t == isl.ast_node_type.mark else []
+        own = [n.for_get_init().to_C_str(), n.for_get_cond().to_C_str()] if t == isl.ast_node_type.for_ else \
+            [n.if_get_cond().to_C_str()] if t == isl.ast_node_type.if_ else []
+        return own + [e for k in below(n) for e in control(k)]
 
     def visit(n) -> tuple:
         """(chosen loops below or at n, their total benefit)."""
-        t = n.get_type()
-        kids = (_children(n) if t == isl.ast_node_type.block else
-                [n.if_get_then_node()] + ([n.if_get_else_node()] if n.if_has_else_node() else [])
-                if t == isl.ast_node_type.if_ else
-                [n.mark_get_node()] if t == isl.ast_node_type.mark else
-                [n.for_get_body()] if t == isl.ast_node_type.for_ else [])
         chosen, gain = {}, 0
-        for k in kids:
+        for k in below(n):
             c, g = visit(k)
             chosen.update(c)
             gain += g
-        if t != isl.ast_node_type.for_:
+        if n.get_type() != isl.ast_node_type.for_:
             return chosen, gain
         it = n.for_get_iterator().get_id().get_name()
         body = n.for_get_body()
-        if not parallel[int(it[1:])] or n.for_get_inc().to_C_str() != "1" or _upper(n, it)[0] is None \
-                or it in _tokens(" ".join(control(body))):
+        if not parallel[int(it[1:])] or n.for_get_inc().to_C_str() != "1" or upper_bound(n)[0] is None \
+                or it in names(" ".join(control(body))):
             return chosen, gain
         here = calls(body)
-        if not all(args.count(it) == 1 and not any(it in _tokens(a) for a in args if a != it)
+        if not all(args.count(it) == 1 and not any(it in names(a) for a in args if a != it)
                    for _, args in here):
             return chosen, gain
         mine = sum(benefit(name, args.index(it)) for name, args in here)
         if mine > gain or not chosen:
-            return {_loop_key(n): size}, mine
+            return {loop_key(n): size}, mine
         return chosen, gain
     return visit(node)[0]
 
 
-def _loop_key(node) -> str:
+def loop_key(node) -> str:
     """Which loop: ISL reuses iterator names across sibling nests, so a loop is named by its
     whole text (what decides whether it can be tiled is all in it)."""
     return node.to_C_str()

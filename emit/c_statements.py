@@ -10,21 +10,28 @@ import math
 import cgen
 import numpy as np
 
+from polyft.affine import Constraint, Length
 from polyft.errors import CompileError
-from polyft.etdg import Constraint, Gather, OpNode
-from polyft.types import Length
+from polyft.etdg import Gather, OpNode
+from polyft.primitives import getitem_axes
 
 CTYPES = {"float32": "float", "float64": "double", "float16": "float", "int64": "long long",
           "int32": "int"}
-_UNARY = {"neg": "-({x})", "copy": "{x}", "tanh": "tanh{f}({x})", "exp": "exp{f}({x})",
+UNARY = {"neg": "-({x})", "copy": "{x}", "tanh": "tanh{f}({x})", "exp": "exp{f}({x})",
           "log": "log{f}({x})", "sqrt": "sqrt{f}({x})", "sigmoid": "1 / (1 + exp{f}(-({x})))",
           "relu": "fmax{f}({x}, 0)", "zeros_like": "0"}
-_BINARY = {"add": "({a}) + ({b})", "sub": "({a}) - ({b})", "mul": "({a}) * ({b})",
+BINARY = {"add": "({a}) + ({b})", "sub": "({a}) - ({b})", "mul": "({a}) * ({b})",
            "truediv": "({a}) / ({b})", "maximum": "fmax{f}({a}, {b})", "minimum": "fmin{f}({a}, {b})"}
 
 
 def ctype(dtype: str) -> str:
     return CTYPES[dtype]
+
+
+def native_dtype(dtype: str) -> np.dtype:
+    """The dtype of a value or buffer as generated code reads and writes it: float16 tiles
+    are computed and stored as float (CTYPES)."""
+    return np.dtype(np.float32 if dtype == "float16" else dtype)
 
 
 def _sum(parts) -> str:
@@ -173,7 +180,7 @@ class StatementBody:
         if self._in_batch:
             return  # declared once, before the `_b` loop
         n = max(1, math.prod(op.shape)) * (self.batch[1] if op in self.batched else 1)
-        self.lines.append(cgen.ArrayOf(cgen.POD(np.dtype(_np(op.dtype)), f"v{op.id}"), n))
+        self.lines.append(cgen.ArrayOf(cgen.POD(native_dtype(op.dtype), f"v{op.id}"), n))
 
     # -- the operations ------------------------------------------------------------------
     RESTRICT = "restrict"
@@ -256,9 +263,9 @@ class StatementBody:
 
     def _handler(self, op):
         handler = getattr(self, f"_op_{op.op}", None)
-        if handler is None and op.op in _UNARY:
+        if handler is None and op.op in UNARY:
             handler = self._unary
-        elif handler is None and op.op in _BINARY:
+        elif handler is None and op.op in BINARY:
             handler = self._binary
         if handler is None:
             raise CompileError(f"no kernel for the operation {op.op} (shape {list(op.shape)})",
@@ -271,7 +278,7 @@ class StatementBody:
     def _unary(self, op):
         self._decl(op)
         name, shape, _ = self._operand(op.inputs[0]) if op.inputs else (None, (), None)
-        tmpl = _UNARY[op.op]
+        tmpl = UNARY[op.op]
         o = self._ref(op)
         self.lines.append(self._loops(op.shape, lambda idx: [cgen.Assign(
             f"{o}[{self._flat(op.shape, idx)}]",
@@ -281,7 +288,7 @@ class StatementBody:
         self._decl(op)
         (a, sa, _), (b, sb, _) = self._operand(op.inputs[0]), self._operand(op.inputs[1])
         o = self._ref(op)
-        tmpl = _BINARY[op.op]
+        tmpl = BINARY[op.op]
         self.lines.append(self._loops(op.shape, lambda idx: [cgen.Assign(
             f"{o}[{self._flat(op.shape, idx)}]",
             tmpl.format(a=self._at(a, sa, op.shape, idx), b=self._at(b, sb, op.shape, idx), f=self._f(op)))],
@@ -311,18 +318,17 @@ class StatementBody:
             f"{o}[{self._flat(op.shape, idx)}]",
             f"{x}[{self._flat(s, idx[:-2] + [idx[-1], idx[-2]])}]")], "_e"))
 
-    @staticmethod
-    def _axes(op, s) -> tuple:
-        """(reduced axes, kept axes) of a sum/max/mean over an input of shape s."""
+    def _reduced(self, op) -> tuple:
+        """(input's C name, its shape s, reduced axes, kept axes) of a sum/max/mean."""
+        x, s, _ = self._operand(op.inputs[0])
         axis = op.attrs.get("axis")
         axes = list(range(len(s))) if axis is None else [a % len(s) for a in np.atleast_1d(axis)]
-        return axes, [d for d in range(len(s)) if d not in axes]
+        return x, s, axes, [d for d in range(len(s)) if d not in axes]
 
     def _reduce(self, op, init, step, finish=None):
-        x, s, _ = self._operand(op.inputs[0])
+        x, s, axes, keep = self._reduced(op)
         self._decl(op)
         o = self._ref(op)
-        axes, keep = self._axes(op, s)
 
         def body(idx):
             src = self._flat(s, idx)
@@ -383,22 +389,14 @@ class StatementBody:
 
     def _op_getitem(self, op):
         x, s, _ = self._operand(op.inputs[0])
-        key = op.attrs["key"] if isinstance(op.attrs["key"], tuple) else (op.attrs["key"],)
+        axes = getitem_axes(op.attrs["key"], s)
+        if axes is None:
+            raise CompileError(f"indexing with {op.attrs['key']!r} has no C kernel", op="emit", where=op.where)
         self._decl(op)
         o = self._ref(op)
 
         def body(idx):
-            src, oi = [], 0
-            for d in range(len(s)):
-                item = key[d] if d < len(key) else slice(None)
-                if isinstance(item, (int, np.integer)):
-                    src.append(str(int(item) % s[d]))
-                elif isinstance(item, slice):
-                    start, _, step = item.indices(s[d])
-                    src.append(f"({start} + {step}*{idx[oi]})")
-                    oi += 1
-                else:
-                    raise CompileError(f"indexing with {item!r} has no C kernel", op="emit", where=op.where)
+            src = [str(start) if axis is None else f"({start} + {step}*{idx[axis]})" for start, step, axis in axes]
             return [cgen.Assign(f"{o}[{self._flat(op.shape, idx)}]", f"{x}[{self._flat(s, src)}]")]
         self.lines.append(self._loops(op.shape, body, "_e"))
 
@@ -410,7 +408,7 @@ class StatementBody:
         branches = []
         for pc in op.pieces:
             if pc.buffer is None:
-                target = self.const_ref(np.broadcast_to(np.asarray(pc.const, dtype=_np(op.dtype)), op.shape))
+                target = self.const_ref(np.broadcast_to(np.asarray(pc.const, dtype=native_dtype(op.dtype)), op.shape))
             else:
                 target = self.buffer_ref(pc.buffer, [self._index(ix) for ix in pc.index])
             cond = " && ".join(cond_c(c, self._dim, self.param) for c in pc.conds) or "1"
@@ -431,7 +429,3 @@ class StatementBody:
         start, step = self.ELEMENTS
         self.lines.append(cgen.For(f"int _e = {start}", f"_e < {n}", f"_e += {step}",
                                    cgen.Assign(f"({dst})[_e]", f"{x}[_e]" if s else f"{x}[0]")))
-
-
-def _np(dtype: str):
-    return np.float32 if dtype == "float16" else np.dtype(dtype).type

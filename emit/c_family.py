@@ -1,0 +1,116 @@
+"""What the C and CUDA targets share (the C family, after loopy's CFamilyTarget): the context
+struct a runtime fills, the statement functions and the AST's calls of them, constant arrays,
+and the helper macros of the ISL AST's C expressions.
+"""
+from __future__ import annotations
+
+import cgen
+import numpy as np
+
+from polyft.deps.isl_helpers import Namer
+
+from .c_statements import ctype, shared_matmul_work
+from .isl_ast import tileable_loops
+from .protocol import Layout
+
+TILE = 16  # instances of a parallel loop one call of a tiled statement runs
+
+MACROS = """#define floord(n, d) (((n) < 0) ? -((-(n) + (d) - 1) / (d)) : (n) / (d))
+#define min(x, y) ((x) < (y) ? (x) : (y))
+#define max(x, y) ((x) > (y) ? (x) : (y))"""
+
+
+def const_name(consts: dict, value: np.ndarray) -> str:
+    """The name of the constant array holding `value`, added to `consts` if new."""
+    value = np.ascontiguousarray(value)
+    key = (value.dtype.str, value.shape, value.tobytes())
+    if key not in consts:
+        consts[key] = (f"k{len(consts)}", value)
+    return consts[key][0]
+
+
+def const_decl(name, value, qualifiers: str = "static const") -> cgen.Generable:
+    flat = value.ravel() if value.size else np.zeros(1, value.dtype)
+    items = ", ".join(repr(float(x)) if np.isfinite(x) else ("INFINITY" if x > 0 else "-INFINITY")
+                      for x in flat.astype(np.float64)) if value.dtype.kind == "f" else \
+        ", ".join(str(int(x)) for x in flat)
+    return cgen.Line(f"{qualifiers} {ctype(value.dtype.name)} {name}[{flat.size}] = {{{items}}};")
+
+
+def param_c(p: str) -> str:
+    """A parameter inside a statement function: read from the context."""
+    return f"c->{p}"
+
+
+def context(layout: Layout, params) -> tuple:
+    """The context struct `ctx_t` (parameters, then per buffer its pointer and strides) and
+    `buffer_ref(buf, idx)`, the C address of a buffer element through it. The runtimes fill
+    the struct in this order."""
+    def buffer_ref(buf, idx):
+        k = layout.slot(buf)
+        terms = [f"({e})*c->s{k}_{r}" for r, e in enumerate(idx)]
+        return f"(c->b{k} + {' + '.join(terms) or '0'})"
+
+    fields = [cgen.Value("long", p) for p in params]
+    for k, b in enumerate(layout.buffers):
+        fields.append(cgen.Pointer(cgen.Value(ctype(b.dtype), f"b{k}")))
+        fields += [cgen.Value("long", f"s{k}_{r}") for r in range(b.depth)]
+    return cgen.Typedef(cgen.Struct("polyft_ctx", fields, declname="ctx_t")), buffer_ref
+
+
+class StatementCalls:
+    """The AST's calls of statement functions (`to_cgen`'s `statement`), remembering which
+    variants are called: (name, None) the plain one, (name, pos) the one batched over
+    argument pos. `ctx` is the context argument's C expression."""
+
+    def __init__(self, ctx: str):
+        self.ctx = ctx
+        self.variants: set = set()
+
+    def __call__(self, name, args, tile):
+        if tile is None:
+            self.variants.add((name, None))
+            return cgen.Statement(f"{name}({', '.join(args + [self.ctx])})")
+        self.variants.add((name, tile[0]))
+        return cgen.Statement(f"{name}_t{tile[0]}({', '.join(args + [tile[1], self.ctx])})")
+
+
+def statement_functions(etdg, namer, buffer_ref, consts: dict, body_class, qualifiers: str, ctx_arg,
+                        variants, check=None, tile=TILE) -> list:
+    """The functions of the called `variants` (StatementCalls'): `qualifiers name(dims...,
+    ctx)`, whose body `body_class` generates, and `name_t<pos>(dims..., _nb, ctx)` running
+    `_nb` <= `tile` consecutive values of dim pos at once (StatementBody's batch);
+    `check(statement, body)` may reject a body (the CUDA target's shared memory)."""
+    functions = []
+    by_name = {st.name: st for st in etdg.statements}
+    for name, pos in sorted(variants, key=lambda v: (v[0], -1 if v[1] is None else v[1])):
+        st = by_name[name]
+        names = {d: namer(d) for d in st.dims}
+        batch = (st.dims[pos], tile) if pos is not None else None
+        body = body_class(st.ops, lambda d, names=names: names[d], param_c, buffer_ref,
+                          lambda v: const_name(consts, v), batch=batch)
+        lines = body.generate()
+        if check is not None:
+            check(st, body)
+        args = [cgen.Value("const long", names[d]) for d in st.dims]
+        args += [cgen.Value("const long", "_nb")] if pos is not None else []
+        name = st.name if pos is None else f"{st.name}_t{pos}"
+        functions.append(cgen.FunctionBody(cgen.FunctionDeclaration(cgen.Value(qualifiers, name), args + [ctx_arg]),
+                                           cgen.Block(lines)))
+    return functions
+
+
+def tiled_loops(etdg, ast, parallel: list, size: int) -> dict:
+    """The loops to run `size` instances at a time (isl_ast.tileable_loops), chosen by the
+    matmul work whose right matrix a tile shares (c_statements.shared_matmul_work)."""
+    by_name = {st.name: st for st in etdg.statements}
+    return tileable_loops(ast, parallel, size,
+                          lambda name, pos: shared_matmul_work(by_name[name].ops, by_name[name].dims[pos]))
+
+
+def prepare(model) -> tuple:
+    """What both targets start from: (layout, params, namer, consts, ctx struct, buffer_ref)."""
+    layout = Layout(model.etdg)
+    params = list(model.params)
+    ctx, buffer_ref = context(layout, params)
+    return layout, params, Namer(params), {}, ctx, buffer_ref

@@ -1,0 +1,265 @@
+"""CUDA statement bodies: a statement's tile operations spread over the threads of a block,
+calling the tile library (tiles.cuh: cooperative loaders, GEMMs in float32 or on tensor
+cores, row reductions, online softmax), with a barrier after each; its tiles live in the
+block's shared-memory arena (emit.cuda_arena).
+"""
+from __future__ import annotations
+
+import math
+
+import cgen
+
+from polyft.etdg import OpNode
+
+from .c_statements import BINARY, UNARY, StatementBody, ctype, native_dtype
+from .cuda_arena import SHARED_LIMIT, Arena
+
+# operand precision of matmuls -> (WMMA element type, k of a fragment); float32 has none
+PRECISIONS = {"fp32": None, "tf32": ("nvcuda::wmma::precision::tf32", 8), "fp16": ("__half", 16),
+              "bf16": ("__nv_bfloat16", 16)}
+TOLERANCE = {"fp32": 1e-5, "tf32": 1e-3, "fp16": 1e-2, "bf16": 1e-2}  # relative error vs eager float32
+
+# the tile library's reductions over a tile's trailing axes: `rows` rows of `n` elements
+ROWS = {"sum": "ft::reduce_rows<ft::Sum, {rows}, {n}, false>", "mean": "ft::reduce_rows<ft::Sum, {rows}, {n}, true>",
+        "max": "ft::reduce_rows<ft::Max, {rows}, {n}, false>", "softmax": "ft::softmax_rows<{rows}, {n}>"}
+
+
+def _elementwise(op) -> bool:
+    return op.op in UNARY or op.op in BINARY
+
+
+class CudaStatementBody(StatementBody):
+    """Tile operations spread over the threads of a block, with a barrier after each.
+
+    Two fusions save shared memory and passes: a run of elementwise operations of one shape
+    becomes one loop (values used only inside the run stay in registers), and `add` of two
+    matmuls used nowhere else accumulates the second into the first's tile.
+
+    With a batch (StatementBody's: `_nb` <= TB instances of a parallel loop), tiles that
+    depend on it hold TB instances; a matmul of their rows by a shared matrix becomes one
+    GEMM of TB * P rows (where tensor cores can take even a 1-row LSTM step), elementwise
+    runs cover all instances' elements at once, other operations loop over the instances.
+    """
+
+    RESTRICT = "__restrict__"
+    ELEMENTS = ("threadIdx.x", "blockDim.x")  # a tile's elements strided over the block's threads
+
+    def __init__(self, *args, precision="fp32", **kw):
+        super().__init__(*args, **kw)
+        self.precision = precision
+        self.arena = Arena()  # owners: an OpNode's tile, or "tmp" for one operation's scratch
+        self.declared: set = set()
+
+    def _release(self, k: int):
+        """After operation k and its barrier: free the temporaries and the tiles read last."""
+        self.arena.free(lambda owner: owner == "tmp" or self.last[owner] <= k)
+
+    # -- planning: who uses what, which adds fold into matmuls -----------------------------
+    def _plan(self):
+        self.users = {op: [] for op in self.ops}
+        for op in self.ops:
+            for a in op.inputs:
+                if isinstance(a, OpNode) and a in self.users:
+                    self.users[a].append(op)
+        self.accumulate, self.alias = {}, {}  # matmul -> tile it adds into; add -> that tile
+        for op in self.ops:
+            ins = op.inputs
+            if op.op == "add" and len(ins) == 2 and ins[0] is not ins[1] and all(
+                    isinstance(a, OpNode) and a.op == "matmul" and self.users[a] == [op]
+                    and tuple(a.shape) == tuple(op.shape) for a in ins):
+                first, second = sorted(ins, key=self.ops.index)
+                self.accumulate[second] = first
+                self.alias[op] = first
+        self.pos = {op: k for k, op in enumerate(self.ops)}
+        self.last = {op: max([self.pos[u] for u in self.users[op]], default=self.pos[op]) for op in self.ops}
+        for add, first in self.alias.items():  # the sum lives in the first matmul's tile
+            self.last[first] = max(self.last[first], self.last[add])
+
+    def _ref(self, op) -> str:
+        return super()._ref(self.alias.get(op, op))
+
+    def generate(self) -> list:
+        self._plan()
+        if self.batch is not None:
+            self.batched = self._depends_on_batch()
+        group: list = []
+        for op in self.ops:
+            if _elementwise(op) and op not in self.alias:
+                if group and tuple(group[0].shape) != tuple(op.shape):
+                    self._fused(group)
+                    group = []
+                group.append(op)
+                continue
+            if op.op == "load":  # only sets a pointer: emitted at once, a run goes on past it
+                self._batched(op) if op in self.batched else self._op_load(op)
+                continue
+            if group:
+                self._fused(group)
+                group = []
+            if op not in self.alias:
+                self._batched(op) if op in self.batched else self._handler(op)(op)
+                self._barrier()
+                self._release(self.pos[op])
+        if group:
+            self._fused(group)
+        return self.lines
+
+    def _barrier(self):
+        self.lines.append(cgen.Statement("__syncthreads()"))
+
+    def _between_instances(self, op) -> list:
+        """A barrier where the next instance reuses a tile this one staged."""
+        return [] if op.op in ("load", "store") else [cgen.Statement("__syncthreads()")]
+
+    def _fused(self, group):
+        """One pass over the elements for a run of elementwise operations: each value is a
+        register; those used after the run are also written to their shared tile."""
+        members = set(group)
+        kept = [op for op in group if any(u not in members for u in self.users[op])]
+        for op in kept:
+            self._decl(op)
+        shape = group[0].shape
+        n = max(1, math.prod(shape))
+        batched = any(op in self.batched for op in group)
+
+        def body(idx):
+            lines = [cgen.Line(f"const int _b = _ef / {n};")] if batched else []
+            for op in group:
+                vals = []
+                for a in op.inputs:
+                    if isinstance(a, OpNode) and a in members:
+                        vals.append(f"_t{a.id}")
+                    else:
+                        name, shape, _ = self._operand(a)
+                        vals.append(self._at(name, shape, op.shape, idx))
+                if op.op in UNARY:
+                    expr = UNARY[op.op].format(x=vals[0] if vals else "0", f=self._f(op))
+                else:
+                    expr = BINARY[op.op].format(a=vals[0], b=vals[1], f=self._f(op))
+                lines.append(cgen.Line(f"const {ctype(op.dtype)} _t{op.id} = {expr};"))
+                if op in kept:
+                    store = cgen.Assign(f"{self._ref(op)}[{self._flat(op.shape, idx)}]", f"_t{op.id}")
+                    # a value the same for every instance is written by the first instance's threads
+                    lines.append(cgen.If("_b == 0", store) if batched and op not in self.batched else store)
+            return lines
+        self._in_batch = batched
+        self.lines.append(self._loops(shape, body, "_e", "_nb" if batched else 1))
+        self._in_batch = False
+        self._barrier()
+        self._release(self.pos[group[-1]])
+
+    # -- tiles -------------------------------------------------------------------------------
+    def _decl(self, op):
+        if op in self.declared or op in self.accumulate:
+            return
+        self.declared.add(op)
+        self._tile(f"v{op.id}", (self.batch[1] if op in self.batched else 1,) + tuple(op.shape), op.dtype, op)
+
+    def _tile(self, name, shape, dtype, owner="tmp"):
+        t = ctype(dtype)
+        where = self.arena.alloc(max(1, math.prod(shape)) * native_dtype(dtype).itemsize, owner)
+        self.lines.append(cgen.Line(f"{t}* const __restrict__ {name} = ({t}*){where};"))
+
+    def _loops(self, shape, body_fn, tag, copies=1):
+        """The elements of `copies` tiles of `shape` strided over the block's threads."""
+        n = max(1, math.prod(shape))
+        flat = f"{tag}f"
+        idx, stride = [], 1
+        for d in reversed(range(len(shape))):
+            idx.insert(0, f"(({flat} / {stride}) % {shape[d]})" if stride > 1 else f"({flat} % {shape[d]})")
+            stride *= shape[d]
+        count = n if copies == 1 else f"{copies} * {n}"
+        return cgen.For(f"int {flat} = threadIdx.x", f"{flat} < {count}", f"{flat} += blockDim.x",
+                        cgen.Block(body_fn(idx)))
+
+    def _matmul_shared_right(self, op) -> list:
+        """Every instance's rows times one shared matrix: a GEMM of TB * P rows (rows of
+        missing instances are zeros from a load, whatever a computed tile holds: their
+        results are never stored)."""
+        outer, self.lines, self._in_batch = self.lines, [], False
+        a_op, (b, sb, _) = op.inputs[0], self._operand(op.inputs[1])
+        P, K = a_op.shape
+        rows = self.batch[1] * P
+        a = f"v{a_op.id}"
+        if a_op.op == "load":  # gather the instances' tiles into one
+            a = f"{a}_s"
+            self._tile(a, (rows, K), a_op.dtype)
+            self.lines.append(cgen.Statement(f"ft::gather_tiles<{ctype(a_op.dtype)}, {self.batch[1]}, {P * K}>"
+                                             f"({a}, v{a_op.id}, _nb)"))
+        self._matmul(op, a, b, rows, K, sb[1])
+        body, self.lines, self._in_batch = self.lines, outer, True
+        return body
+
+    def _left_operand(self, a):
+        """An operand tile in shared memory: loads are copied in cooperatively first."""
+        name, shape, dtype = self._operand(a)
+        if isinstance(a, tuple) or a.op != "load":
+            return name, shape, dtype
+        n = max(1, math.prod(shape))
+        if (self.arena.size + n * 4) > SHARED_LIMIT // 2:
+            return name, shape, dtype  # too big to stage: read it from global memory
+        staged = f"v{a.id}_s"
+        self._tile(staged, shape, dtype)
+        self.lines.append(cgen.Statement(f"ft::load_tile({staged}, {name}, {n})"))
+        return staged, shape, dtype
+
+    def _matmul(self, op, a, b, P, K, Q):
+        """ft::gemm_tc on tensor cores where the precision and the shapes allow (P, Q multiples
+        of 16, K of the fragment's k), else ft::gemm_f32; into the tile of the matmul this one
+        adds into, if any."""
+        into = self.accumulate.get(op)
+        if into is None:
+            self._decl(op)
+        out, acc = self._ref(into or op), "true" if into is not None else "false"
+        tc = PRECISIONS[self.precision]
+        if tc and P % 16 == 0 and Q % 16 == 0 and K % tc[1] == 0:
+            stage = self.arena.alloc(32 * (P + Q), "tmp")  # KC columns of a and rows of b, 32 bytes a row
+            self.lines.append(cgen.Line(f"ft::gemm_tc<{tc[0]}, {P}, {K}, {Q}, {acc}>({out}, {a}, {b}, {stage});"
+                                        f"  /* tensor cores, {self.precision} operands */"))
+        else:
+            self.lines.append(cgen.Statement(f"ft::gemm_f32<{P}, {K}, {Q}, {acc}>({out}, {a}, {b})"))
+
+    def _rows(self, op, x, s, axes, keep) -> bool:
+        """A reduction over the trailing axes as rows of the tile library (ROWS)."""
+        if not axes or axes != list(range(len(s) - len(axes), len(s))):
+            return False
+        self._decl(op)
+        rows, n = math.prod(s[d] for d in keep), math.prod(s[d] for d in axes)
+        self.lines.append(cgen.Statement(ROWS[op.op].format(rows=rows, n=n) + f"({self._ref(op)}, {x})"))
+        return True
+
+    def _op_softmax(self, op):
+        x, s, _ = self._operand(op.inputs[0])
+        axis = op.attrs.get("axis", -1) % len(s)
+        if not self._rows(op, x, s, [axis], [d for d in range(len(s)) if d != axis]):
+            super()._op_softmax(op)
+
+    def _reduce(self, op, init, step, finish=None):
+        """Over trailing axes, the tile library's rows; other reductions: one thread per output
+        element, sequentially over the reduced axes."""
+        x, s, axes, keep = self._reduced(op)
+        if self._rows(op, x, s, axes, keep):
+            return
+        self._decl(op)
+        o = self._ref(op)
+        red_shape = [s[d] for d in axes]
+        n_red = math.prod(red_shape)
+        f = self._f(op)
+
+        def body(idx):
+            # idx: coordinates of the kept dims; the reduced ones come from _r
+            src, ri, stride = [], {}, 1
+            for d in reversed(axes):
+                ri[d] = f"((_r / {stride}) % {s[d]})"
+                stride *= s[d]
+            it = iter(idx)
+            for d in range(len(s)):
+                src.append(ri[d] if d in axes else next(it))
+            lines = [cgen.Line(f"{ctype(op.dtype)} _acc = {init};"),
+                     cgen.For("int _r = 0", f"_r < {n_red}", "_r++",
+                              cgen.Line(step.format(dst="_acc", x=f"{x}[{self._flat(s, src)}]", f=f) + ";"))]
+            if finish:
+                lines.append(cgen.Line(finish.format(dst="_acc", n=n_red) + ";"))
+            lines.append(cgen.Assign(f"{o}[{self._flat([s[d] for d in keep], idx)}]", "_acc"))
+            return lines
+        self.lines.append(self._loops([s[d] for d in keep], body, "_o"))
