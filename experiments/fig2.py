@@ -12,7 +12,8 @@ status "absent: ..." where there is no GPU).
 """
 from __future__ import annotations
 
-from .measure import Point, main, sweep
+from .common import main
+from .measure import Point, sweep
 
 DEPTHS = (1, 4, 8, 12, 16, 20, 24, 28, 32)  # the paper's: 1 to 32, every 4
 SHAPES = {"quick": (dict(N=16, H=128, L=32), DEPTHS), "paper": (dict(N=256, H=256, L=64), DEPTHS)}

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from polyft.workloads import WORKLOADS, get
 
-from .measure import Point, main, sweep
+from .common import main
+from .measure import Point, sweep
 
 QUICK = {
     "stacked_rnn": dict(N=16, H=128, L=32, D=8),

@@ -13,7 +13,8 @@ Writes results/fig8.csv with columns model, panel (depth | seq_len), depth, seq_
 """
 from __future__ import annotations
 
-from .measure import Point, main, sweep
+from .common import main
+from .measure import Point, sweep
 
 CONFIG = {
     "quick": dict(N=8, hidden={"middle": 64, "large": 256},

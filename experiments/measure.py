@@ -26,7 +26,6 @@ kernels here: always absent). GPU times are wall times between device synchronis
 """
 from __future__ import annotations
 
-import argparse
 import ctypes
 import importlib.util
 import os
@@ -278,16 +277,3 @@ def sweep(name: str, points: list, preset: str, out_dir: str, repeats: int | Non
         raise AssertionError(f"{name}: {len(wrong)} systems disagree with the reference:\n"
                              + wrong[["workload", "shape", "system", "status"]].to_string(index=False))
     return df
-
-
-def main(run, doc: str, argv=None) -> int:
-    """The command line of a timing artefact: `python -m polyft.experiments.NAME [--quick | --paper]
-    [--out DIR]`, calling run(preset, out_dir)."""
-    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    size = ap.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="small sizes on the CPU (the default)")
-    size.add_argument("--paper", action="store_true", help="the paper's shapes (for a GPU machine)")
-    ap.add_argument("--out", default="results", help="output folder (default: results)")
-    args = ap.parse_args(argv)
-    run("paper" if args.paper else "quick", args.out)
-    return 0

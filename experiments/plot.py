@@ -29,6 +29,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from .registry import write_index  # noqa: E402
+from .table7 import PAPER_DRAM  # noqa: E402
+
 # one colour and marker per system, the same in every figure (polyft's own systems in red/blue)
 STYLE = {
     "c-auto": ("tab:red", "o", "-"), "c-original": ("tab:blue", "s", "--"),
@@ -269,7 +272,6 @@ def plot_table7(df, out_dir) -> str:
     ax.set_ylabel("GB moved (model)")
     ax.set_ylim(top=piv.values.max() * 1.12)
     ax.legend(fontsize=8)
-    from .table7 import PAPER_DRAM
     paper = "; ".join(f"{TITLES[w]}: " + ", ".join(f"{k} {v / d['FractalTensor']:.2f}x" for k, v in d.items()
                                                    if k != "FractalTensor") for w, d in PAPER_DRAM.items())
     ax.set_title("Table 7 (model): bytes moved with deferred vs materialised views, paper shapes; ratio "
@@ -344,5 +346,4 @@ if __name__ == "__main__":
     ap.add_argument("--out", default="results", help="the results folder (default: results)")
     args = ap.parse_args()
     run(args.out)
-    from .registry import write_index
     print(f"[plot] wrote {write_index(args.out)}")

@@ -14,7 +14,7 @@ For each workload, at concrete sizes (so that step counts are numbers), three sc
 Reported per schedule (the same code measures all three, on the flat schedule map):
 
 * ``parallel_dims``: time dims that are loops (take more than one value for some statement)
-  and carry no dependence (``schedule._parallel_dims``: nothing carried at that level);
+  and carry no dependence (``schedule.parallel_dims``: nothing carried at that level);
 * ``sequential_steps``: ``schedule.sequential_steps`` with the dependences — distinct values
   of the sequential dims, a dim being parallel or sequential per subtree of the schedule
   (the critical path in steps when every parallel dim runs at once);
@@ -29,7 +29,6 @@ named in ``note``) and the small ones. Writes ``results/schedule_vs_isl.csv``.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import time
@@ -38,13 +37,12 @@ import islpy as isl
 import pandas as pd
 
 import polyft as ft
-from polyft.deps.model import _maps
+from polyft.deps.isl_helpers import maps
 from polyft.workloads import WORKLOADS
 from polyft.schedule.coarsen import coarsen
-from polyft.schedule.schedule import (_parallel_dims, _statement_maps, bands, check_legal, reorder_band,
-                               sequential_steps)
+from polyft.schedule.schedule import check_legal, parallel_dims, schedule_maps, sequential_steps
 
-from .common import meta
+from .common import main, meta
 
 SYSTEMS = ("polyft-auto", "polyft-original", "isl")
 REPEATS = 5
@@ -90,16 +88,7 @@ def _median_time(fn, repeats=REPEATS):
 
 def polyft_maps(model, deps, kind: str) -> dict:
     """The schedule map per statement, as make_schedule builds it (without its checks)."""
-    band_T = {}
-    if kind == "auto":
-        for b in bands(model):
-            reorder_band(b, model, deps)
-            band_T[b.block.name] = b.T
-    return _statement_maps(model, band_T)
-
-
-def all_deps(deps) -> isl.UnionMap:
-    return deps.may_flow.union(deps.anti).union(deps.output)
+    return schedule_maps(model, deps, kind)[0]
 
 
 def isl_maps(model, deps):
@@ -108,11 +97,11 @@ def isl_maps(model, deps):
     for d in model.domains.values():
         u = isl.UnionSet.from_set(d)
         domains = u if domains is None else domains.union(u)
-    dep = all_deps(deps)
+    dep = deps.all
     sc = isl.ScheduleConstraints.on_domain(domains).set_validity(dep).set_proximity(dep).set_coincidence(dep)
     sched = sc.compute_schedule()
     per = {}
-    for m in _maps(sched.get_map().intersect_params(model.context)):
+    for m in maps(sched.get_map().intersect_params(model.context)):
         per[m.get_tuple_name(isl.dim_type.in_)] = m
     return per, _coincident_members(sched)
 
@@ -146,7 +135,7 @@ def _pad(per: dict) -> dict:
 def measure(model, deps, per: dict) -> tuple[int, int]:
     """(parallel loop dims, sequential steps) of a schedule given per statement."""
     check_legal(per, deps)
-    parallel = _parallel_dims(per, deps)
+    parallel = parallel_dims(per, deps)
     loops = set()  # time dims that take more than one value for some statement
     for n, m in per.items():
         img = model.domains[n].apply(m)
@@ -233,8 +222,4 @@ def run(preset: str = "quick", out_dir: str = "results") -> pd.DataFrame:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", default="paper", choices=["quick", "paper"])
-    ap.add_argument("--out-dir", default="results")
-    args = ap.parse_args()
-    run(args.preset, args.out_dir)
+    raise SystemExit(main(run, __doc__))

@@ -7,11 +7,13 @@ import os
 import polyft as ft
 from polyft.deps.analyze import analyze
 from polyft.deps.model import build
-from polyft.etdg import ge
+from polyft.affine import ge
 from polyft.workloads import stacked_rnn
 from polyft.schedule.lower import lower
 from polyft.schedule.reorder import reorder, table
 from polyft.schedule.schedule import distances
+
+from .common import main
 
 
 def region3(preset: str = "paper"):
@@ -22,7 +24,7 @@ def region3(preset: str = "paper"):
     low = lower(build(etdg), st.name, region=(ge(j, 1), ge(k, 1)))
     deps = analyze(low)
     dist = distances(deps, [st.name], 0, [False] * len(low.dim_names))
-    return low, deps, st.name, reorder(low, deps, st.name, dist)
+    return low, deps, st.name, reorder(low, st.name, dist)
 
 
 def run(preset: str = "paper", out_dir: str = "results") -> str:
@@ -37,4 +39,4 @@ def run(preset: str = "paper", out_dir: str = "results") -> str:
 
 
 if __name__ == "__main__":
-    print(run())
+    raise SystemExit(main(lambda preset, out: print(run(preset, out)), __doc__))

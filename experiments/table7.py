@@ -41,7 +41,7 @@ from polyft.deps.traffic import traffic
 from polyft.errors import PolyftError
 from polyft.workloads import WORKLOADS, get
 
-from .common import meta
+from .common import meta, preset, preset_args
 from .deps_time import lengths
 from .measure import device_name, gpu_available, systems
 
@@ -182,10 +182,7 @@ def _ncu_child(workload: str, system_name: str) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m polyft.experiments.table7", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    size = ap.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="the paper's shapes (the model is fast)")
-    size.add_argument("--paper", action="store_true", help="the paper's shapes")
-    ap.add_argument("--out", default="results")
+    preset_args(ap, quick="the paper's shapes (the model is fast)", paper="the paper's shapes")
     ap.add_argument("--ncu", action="store_true", help="also measure DRAM/L2/L1 bytes with ncu (GPU only)")
     ap.add_argument("--ncu-child", nargs=2, metavar=("WORKLOAD", "SYSTEM"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -195,7 +192,7 @@ def main(argv=None) -> int:
     if args.ncu and _ncu_available():
         print(f"error: table7 --ncu needs an NVIDIA GPU and Nsight Compute: {_ncu_available()}", file=sys.stderr)
         return 2
-    run("paper" if args.paper else "quick", args.out)
+    run(preset(args), args.out)
     if args.ncu:
         try:
             ncu(args.out)

@@ -107,6 +107,23 @@ def test_no_import_cycles():
     assert not found, "import cycles (function-level imports count):\n" + "\n".join(" <-> ".join(c) for c in found)
 
 
+# the data flow, left to right: a stage imports only the stages to its left
+STAGES = ["polyft", "polyft.deps", "polyft.schedule", "polyft.emit", "polyft.experiments"]
+TOP = {"polyft", "polyft.program", "polyft.cli"}  # the driver: the language's public face over every stage
+
+
+def stage(module: str) -> int:
+    parts = module.split(".")
+    return STAGES.index(".".join(parts[:2])) if len(parts) > 1 and ".".join(parts[:2]) in STAGES else 0
+
+
+def test_stages_import_only_to_their_left():
+    graph = import_graph()
+    wrong = [f"{m} -> {d}" for m, deps in graph.items() if m not in TOP and not m.startswith("polyft.workloads")
+             for d in deps if stage(d) > stage(m)]
+    assert not wrong, "imports against the data flow:\n" + "\n".join(sorted(wrong))
+
+
 def test_installed_names_follow_the_repository_folders():
     """The editable install maps every folder into the one namespace."""
     for folder, package in PACKAGES.items():
