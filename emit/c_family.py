@@ -48,7 +48,7 @@ def context(layout: Layout, params) -> tuple:
     the struct in this order."""
     def buffer_ref(buf, idx):
         k = layout.slot(buf)
-        terms = [f"({e})*c->s{k}_{r}" for r, e in enumerate(idx)]
+        terms = [f"({e})*c->s{k}_{r}" for r, e in enumerate(layout.cell(buf, idx)) if e is not None]
         return f"(c->b{k} + {' + '.join(terms) or '0'})"
 
     fields = [cgen.Value("long", p) for p in params]
@@ -108,9 +108,9 @@ def tiled_loops(etdg, ast, parallel: list, size: int) -> dict:
                           lambda name, pos: shared_matmul_work(by_name[name].ops, by_name[name].dims[pos]))
 
 
-def prepare(model) -> tuple:
+def prepare(model, storage=None) -> tuple:
     """What both targets start from: (layout, params, namer, consts, ctx struct, buffer_ref)."""
-    layout = Layout(model.etdg)
+    layout = Layout(model.etdg, storage)
     params = list(model.params)
     ctx, buffer_ref = context(layout, params)
     return layout, params, Namer(params), {}, ctx, buffer_ref

@@ -25,9 +25,9 @@ class CTarget(Target):
 
     name = "C"
 
-    def generate(self, model, schedule, precision: str = "fp32") -> Module:
+    def generate(self, model, schedule, precision: str = "fp32", storage=None) -> Module:
         etdg = model.etdg
-        layout, params, namer, consts, ctx, buffer_ref = prepare(model)
+        layout, params, namer, consts, ctx, buffer_ref = prepare(model, storage)
 
         ast = build_ast(schedule.map, model.context)
         call = StatementCalls("&ctx")
@@ -41,9 +41,10 @@ class CTarget(Target):
         for k, b in enumerate(layout.buffers):
             setup.append(cgen.Line(f"ctx.b{k} = ({ctype(b.dtype)}*)bufs[{k}];  /* {b.name} */"))
             stride = str(int(np.prod(b.element_shape)) if b.element_shape else 1)
+            dims = layout.dims(b)
             for r in reversed(range(b.depth)):
                 setup.append(cgen.Line(f"ctx.s{k}_{r} = {stride};"))
-                stride = f"{stride}*{length_c(b.dims[r], param_c)}"
+                stride = f"{stride}*{dims[r] if isinstance(dims[r], int) else length_c(dims[r], param_c)}"
         setup.append(cgen.Line("(void)c;"))
         run = cgen.FunctionBody(
             cgen.FunctionDeclaration(cgen.Value("void", "polyft_run"),

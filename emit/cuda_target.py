@@ -59,20 +59,20 @@ class CudaTarget(Target):
             raise CompileError(f"{threads} threads per block: use a multiple of 32 up to 1024", op="compile")
         self.threads = threads
 
-    def generate(self, model, schedule, precision: str = "fp32") -> CudaModule:
+    def generate(self, model, schedule, precision: str = "fp32", storage=None) -> CudaModule:
         """The parallel loop whose statements gain most (isl_ast.tileable_loops) runs TILE
         instances per block, fewer where their tiles would not fit in shared memory, none if
         even 2 do not."""
         for tb in (TILE, TILE // 2, TILE // 4, 2):
             try:
-                return self._generate(model, schedule, precision, tb)
+                return self._generate(model, schedule, precision, storage, tb)
             except SharedMemoryError:
                 pass
-        return self._generate(model, schedule, precision, None)
+        return self._generate(model, schedule, precision, storage, None)
 
-    def _generate(self, model, schedule, precision, tb) -> CudaModule:
+    def _generate(self, model, schedule, precision, storage, tb) -> CudaModule:
         etdg = model.etdg
-        layout, params, namer, consts, ctx, buffer_ref = prepare(model)
+        layout, params, namer, consts, ctx, buffer_ref = prepare(model, storage)
         ast = build_ast(schedule.map, model.context)
         tiles = tiled_loops(etdg, ast, schedule.parallel, tb) if tb else {}
         driver = HostDriver(ast, schedule.parallel, tiles, tb)

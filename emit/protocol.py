@@ -11,14 +11,33 @@ from dataclasses import dataclass
 
 
 class Layout:
-    """The buffers a program touches, in the order its entry point takes them."""
+    """The buffers a program touches, in the order its entry point takes them, and how each is
+    stored: with a storage mapping (schedule.storage.Storage) a contracted buffer keeps only
+    its cells; without one every buffer holds one element per instance."""
 
-    def __init__(self, etdg):
+    def __init__(self, etdg, storage=None):
         self.buffers = list({id(b.resolve()): b.resolve() for b in etdg.buffers}.values())
         self.index = {id(b): k for k, b in enumerate(self.buffers)}
+        self.storage = storage
 
     def slot(self, buf) -> int:
         return self.index[id(buf.resolve())]
+
+    def dims(self, buf) -> list:
+        """The stored list dims: Lengths, or ints (a modulus; 1 for a dropped dim)."""
+        return self.storage.of(buf).cell_dims() if self.storage else list(buf.resolve().dims)
+
+    def cell(self, buf, idx: list) -> list:
+        """An element's index (C expressions per list dim) as its cell's: None for a dropped dim."""
+        if not self.storage:
+            return list(idx)
+        s = self.storage.of(buf)
+        return [s.cell_index(r, e) for r, e in enumerate(idx)]
+
+    def shape(self, buf, params: dict) -> tuple:
+        """The array shape to allocate, for the lengths in `params`."""
+        return tuple(n if isinstance(n, int) else n.evaluate(params) for n in self.dims(buf)) + \
+            tuple(buf.resolve().element_shape)
 
 
 @dataclass(frozen=True)
@@ -37,8 +56,9 @@ class Target(ABC):
     precisions: tuple = ("fp32",)  # the matmul operand precisions it generates
 
     @abstractmethod
-    def generate(self, model, schedule, precision: str = "fp32") -> Module:
-        """The module for `model` (deps.model.PolyModel) under `schedule` (schedule.Schedule)."""
+    def generate(self, model, schedule, precision: str = "fp32", storage=None) -> Module:
+        """The module for `model` (deps.model.PolyModel) under `schedule` (schedule.Schedule),
+        its buffers stored as `storage` (schedule.storage.Storage; None: uncontracted)."""
 
 
 class Runtime(ABC):

@@ -5,6 +5,7 @@ imports it when analyze/compile is first called, so `import polyft` stays light.
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from polyft.deps.analyze import analyze as dependences
 from polyft.deps.model import build
@@ -12,8 +13,9 @@ from polyft.emit.c_statements import native_dtype
 from polyft.emit.targets import select
 from polyft.schedule.coarsen import coarsen as coarsen_etdg
 from polyft.schedule.schedule import make_schedule
+from polyft.schedule.storage import Storage, storage_mapping
 
-from .errors import InputError
+from .errors import InputError, PolyftError
 from .fractaltensor import FractalTensor
 from .interpret import assemble_outputs, bind_params
 from .tracing import trace
@@ -23,6 +25,7 @@ class Program:
     """A traced program with its polyhedral model, dependences and schedule (§4.4–§5)."""
 
     def __init__(self, fn, args, schedule="auto", sizes=None, coarsen=None):
+        self._storage = None
         self.fn = fn
         self.traced = trace(fn, *args)
         self.coarsen_log: list = []
@@ -37,6 +40,32 @@ class Program:
     def original_schedule(self):
         return make_schedule(self.model, self.deps, "original")
 
+    @property
+    def storage(self) -> Storage:
+        """How every buffer is stored under the schedule (schedule.storage): contracted
+        intermediates, their ISL mappings element -> cell, live accesses and placement."""
+        if self._storage is None:
+            self._storage = storage_mapping(self.model, self.schedule, True)
+        return self._storage
+
+    def memory(self, sizes: dict | None = None) -> pd.DataFrame:
+        """One row per buffer: role, full_bytes (one element per instance), allocated_bytes
+        (what is stored), placement and the ISL mapping element -> cell. `sizes` gives the
+        lengths the program was not built with (none for programs from concrete inputs)."""
+        env = _lengths(self.model, sizes)
+        rows = []
+        for s in self.storage.buffers.values():
+            buf = s.buffer
+            elem = int(np.prod(buf.element_shape, dtype=np.int64)) * np.dtype(buf.dtype).itemsize
+
+            def count(dims):
+                return int(np.prod([n if isinstance(n, int) else n.evaluate(env) for n in dims], dtype=np.int64))
+            rows.append(dict(buffer=buf.name, role=ROLES[buf.kind], full_bytes=count(buf.dims) * elem,
+                             allocated_bytes=count(s.cell_dims()) * elem, placement=s.placement,
+                             mapping=str(s.mapping.gist_params(self.model.context)) if s.mapping is not None
+                             else "identity"))
+        return pd.DataFrame(rows)
+
     def __repr__(self):
         return f"<Program {self.etdg.signature()}, {self.schedule.kind} schedule>"
 
@@ -50,12 +79,16 @@ class CompiledProgram(Program):
     "fp32", or "tf32" / "fp16" / "bf16" on tensor cores where the tile shapes allow.
     """
 
-    def __init__(self, fn, args, schedule="auto", sizes=None, target="c", coarsen=None, precision="fp32"):
+    def __init__(self, fn, args, schedule="auto", sizes=None, target="c", coarsen=None, precision="fp32",
+                 contract=True):
         generator, runtime = select(target, precision)
+        if not isinstance(contract, bool):
+            raise PolyftError(f"contract= takes True or False, got {contract!r}", op="compile")
         super().__init__(fn, args, schedule, sizes, coarsen)
         self.precision = precision
         self.target = target
-        self.module = generator.generate(self.model, self.schedule, precision)
+        self._storage = storage_mapping(self.model, self.schedule, contract)
+        self.module = generator.generate(self.model, self.schedule, precision, self._storage)
         self.source, self.layout = self.module.source, self.module.layout
         self._run = runtime(self.module)
 
@@ -100,8 +133,7 @@ class CompiledProgram(Program):
                 if b.kind in ("const", "index"):
                     storage[b] = np.ascontiguousarray(b.value, dtype=native_dtype(b.dtype))
                 else:
-                    shape = tuple(n.evaluate(params) for n in b.dims) + b.element_shape
-                    storage[b] = np.empty(shape, dtype=native_dtype(b.dtype))
+                    storage[b] = np.empty(self.layout.shape(b, params), dtype=native_dtype(b.dtype))
         return params, storage
 
 
@@ -119,7 +151,30 @@ def analyze(fn, *inputs_or_specs, schedule="auto", sizes=None, coarsen=None) -> 
 
 
 def compile(fn, *inputs_or_specs, target="c", schedule="auto", sizes=None, coarsen=None,
-            precision="fp32") -> CompiledProgram:
+            precision="fp32", contract=True) -> CompiledProgram:
     """Trace, (coarsen,) analyse, schedule and generate code for `fn`; call the result on inputs.
-    `precision` of matmul operands on the CUDA targets: "fp32", "tf32", "fp16" or "bf16"."""
-    return CompiledProgram(fn, inputs_or_specs, schedule, sizes, target, coarsen, precision)
+    `precision` of matmul operands on the CUDA targets: "fp32", "tf32", "fp16" or "bf16".
+    `contract` (default True) stores intermediate buffers by their storage mapping (only the
+    cells live at once); False keeps one element per instance, to compare."""
+    return CompiledProgram(fn, inputs_or_specs, schedule, sizes, target, coarsen, precision, contract)
+
+
+ROLES = {"input": "input", "output": "output", "intermediate": "intermediate", "const": "const", "index": "const"}
+
+
+def _lengths(model, sizes) -> dict:
+    """The model's lengths with `sizes` for those it was built without, checked."""
+    sizes = dict(sizes or {})
+    unknown = sorted(set(sizes) - set(model.params))
+    if unknown:
+        raise PolyftError(f"sizes name unknown lengths {unknown}; the program's lengths are {model.params}",
+                          op="memory")
+    bad = {k: v for k, v in sizes.items() if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0}
+    if bad:
+        raise PolyftError(f"sizes must be non-negative integers, got {bad}", op="memory")
+    env = {**model.sizes, **{k: int(v) for k, v in sizes.items()}}
+    missing = [p for p in model.params if p not in env]
+    if missing:
+        raise PolyftError(f"memory() needs sizes for the lengths {missing} (e.g. sizes={{'{missing[0]}': 8}})",
+                          op="memory")
+    return env

@@ -1,0 +1,206 @@
+"""Storage that follows the live set: contracting intermediate buffers under a schedule.
+
+The tracer gives every instance of a statement a fresh buffer element (single assignment),
+so an intermediate buffer is as large as its statement's iteration domain. Under a schedule
+most of those elements are dead most of the time. Over ISL, per intermediate buffer:
+
+* **live ranges.** An element is live from its write to its last read, in schedule time.
+  Time is ordered only along sequential time dims: two instances that differ first in a
+  parallel dim run at once (OpenMP threads, CUDA blocks), so neither comes first.
+* **conflicts.** Elements e1 != e2 conflict unless every access of one happens before the
+  write of the other. Accesses at the same time conflict too: a statement may read its
+  operands while it writes (loads are pointers into buffers).
+* **a modular mapping** (successive modulo, after Lefebvre & Feautrier and Darte, Schreiber &
+  Villard): dim by dim, outermost first, the modulus is one more than the largest distance
+  along that dim between conflicting elements equal on the dims before it, when that
+  distance is a constant; a dim whose distance is unbounded (it grows with a length) keeps
+  its extent, a dim with no conflicting distance is dropped (modulus 1). The mapping is
+  `isl.Map` element -> cell, checked with ISL before use: no two conflicting elements share a
+  cell. Moduli are constants, so the contraction never depends on the lengths.
+* **placement.** A buffer whose elements are accessed within one iteration of the outermost
+  parallel loop around them (one C thread's tile call, one CUDA block) could live in local
+  memory ("local"); others must be global. Reported; the targets keep every buffer global.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import islpy as isl
+
+from polyft.deps.isl_helpers import maps, param_prefix, union
+from polyft.deps.model import PolyModel
+from polyft.errors import PolyftError
+
+from .schedule import Schedule
+
+
+@dataclass
+class BufferStorage:
+    """How one buffer is stored: `moduli[r]` per list dim r (None: the full extent, k: the
+    index mod k, 1: dropped), the ISL mapping element -> cell, and the placement."""
+
+    buffer: object  # etdg.Buffer
+    moduli: tuple
+    mapping: isl.Map | None  # None: stored as is (inputs, outputs, constants)
+    placement: str  # "global" | "local"
+    live: isl.Map | None = None  # element -> time of each access (write and reads)
+
+    @property
+    def contracted(self) -> bool:
+        return any(m is not None for m in self.moduli)
+
+    def cell_dims(self) -> list:
+        """The stored list dims: a Length (the full extent) or an int (a modulus)."""
+        return [n if m is None else m for n, m in zip(self.buffer.dims, self.moduli)]
+
+    def cell_index(self, r: int, expr: str) -> str | None:
+        """The C index of list dim r for the element index `expr`; None for a dropped dim."""
+        m = self.moduli[r]
+        return expr if m is None else None if m == 1 else f"(({expr}) % {m})"
+
+
+@dataclass
+class Storage:
+    """The storage mapping of every buffer of a model under a schedule."""
+
+    buffers: dict  # buffer name -> BufferStorage
+    contract: bool
+
+    def of(self, buf) -> BufferStorage:
+        return self.buffers[buf.resolve().name]
+
+    def describe(self, context=None) -> str:
+        g = (lambda m: m.gist_params(context)) if context is not None else (lambda m: m)
+        lines = []
+        for s in self.buffers.values():
+            if s.mapping is None:
+                continue
+            lines.append(f"{s.buffer.name}: {s.placement}, cells {_dims_text(s.cell_dims())} "
+                         f"of {_dims_text(s.buffer.dims)}")
+            lines.append(f"  mapping  {g(s.mapping)}")
+            if s.live is not None:
+                lines.append(f"  accessed {g(s.live)}")
+        return "\n".join(lines) or "no intermediate buffers"
+
+
+def _dims_text(dims) -> str:
+    return "[" + ", ".join(str(d) for d in dims) + "]"
+
+
+def _time_space(schedule: Schedule) -> isl.Space:
+    m = maps(schedule.map)[0]
+    return m.get_space().range()
+
+
+def happens_before(schedule: Schedule) -> isl.Map:
+    """t -> t' where t runs strictly before t': equal up to a sequential dim where t is smaller.
+    Time vectors first differing in a parallel dim are unordered (they run at once)."""
+    space = _time_space(schedule)
+    n = space.dim(isl.dim_type.set)
+    before = isl.Map.empty(isl.Space.map_from_domain_and_range(space, space))
+    for k in range(n):
+        if schedule.parallel[k]:
+            continue
+        step = isl.Map.universe(before.get_space())
+        for j in range(k):
+            step = step.equate(isl.dim_type.in_, j, isl.dim_type.out, j)
+        step = step.order_lt(isl.dim_type.in_, k, isl.dim_type.out, k)
+        before = before.union(step)
+    return before.coalesce()
+
+
+def buffer_times(model: PolyModel, schedule: Schedule, name: str) -> tuple:
+    """(write times, access times) of buffer `name`: element -> time, writes and reads."""
+    def times(um) -> list:
+        return [m.reverse().apply_range(schedule.per_statement[m.get_tuple_name(isl.dim_type.in_)])
+                for m in maps(um) if m.get_tuple_name(isl.dim_type.out) == name]
+    write = union(times(model.writes))
+    return write, union([write, *times(model.reads)]).coalesce()
+
+
+def conflicts(write: isl.Map, access: isl.Map, before: isl.Map) -> isl.Map:
+    """Pairs of distinct elements whose live ranges overlap: some access of each is not
+    before the write of the other."""
+    not_before = isl.Map.universe(before.get_space()).subtract(before)
+    late = access.apply_range(not_before).apply_range(write.reverse())  # e1 -> e2: e1 still used at e2's write
+    both = late.intersect(late.reverse())
+    same = isl.Map.identity(both.get_space())
+    return both.subtract(same).coalesce()
+
+
+def successive_moduli(conflict: isl.Map, context: isl.Set) -> tuple:
+    """Per dim, outermost first: None (keep the extent), or the modulus separating every pair
+    of conflicting elements that agree on the dims before it (1: drop the dim)."""
+    deltas = conflict.intersect_params(context).deltas()
+    n = deltas.dim(isl.dim_type.set)
+    out = []
+    for d in range(n):
+        if deltas.is_empty():
+            out.append(1)
+            continue
+        top = deltas.dim_max_val(d)
+        if top.is_infty() or top.is_nan():
+            out.append(None)
+        else:
+            out.append(int(top.to_python()) + 1)
+        deltas = deltas.fix_val(isl.dim_type.set, d, isl.Val.zero(deltas.get_ctx()))
+    return tuple(out)
+
+
+def mapping(name: str, moduli: tuple, params) -> isl.Map:
+    """element -> cell: `name[e0, e1] -> name[e0, e1 mod 2]` (dropped dims omitted)."""
+    es = [f"e{k}" for k in range(len(moduli))]
+    cell = [e if m is None else f"{e} mod {m}" for e, m in zip(es, moduli) if m != 1]
+    return isl.Map(f"{param_prefix(params)}{{ {name}[{', '.join(es)}] -> {name}_cell[{', '.join(cell)}] }}")
+
+
+def check(name: str, conflict: isl.Map, cells: isl.Map, context: isl.Set) -> None:
+    """No two conflicting elements may share a cell (checked over every length in the context)."""
+    shared = cells.apply_range(cells.reverse())
+    bad = conflict.intersect(shared).intersect_params(context)
+    if not bad.is_empty():
+        raise PolyftError(f"the storage mapping of buffer {name} ({cells}) puts conflicting elements in one "
+                          f"cell: {bad.sample()}", op="storage")
+
+
+def placement(access: isl.Map, schedule: Schedule) -> str:
+    """"local" when every element is accessed within one iteration of the outermost parallel
+    loop around its accesses (the time vectors agree up to and including that dim)."""
+    times = access.range()
+    space = _time_space(schedule)
+    for k, par in enumerate(schedule.parallel):
+        if not par:
+            continue
+        lo, hi = times.dim_min_val(k), times.dim_max_val(k)
+        if lo.is_infty() or hi.is_infty() or lo.is_nan() or hi.is_nan() or lo.ne(hi):  # a loop
+            same = isl.Map.universe(isl.Space.map_from_domain_and_range(space, space))
+            for j in range(k + 1):
+                same = same.equate(isl.dim_type.in_, j, isl.dim_type.out, j)
+            pairs = access.reverse().apply_range(access)  # times at which one element is accessed
+            return "local" if pairs.is_subset(same) else "global"
+    return "global"
+
+
+def storage_mapping(model: PolyModel, schedule: Schedule, contract: bool = True) -> Storage:
+    """The storage mapping of every buffer; with contract=False every buffer keeps its extent
+    (what the program stored before contraction, for comparison)."""
+    before = happens_before(schedule) if contract else None
+    out = {}
+    for b in {b.resolve().name: b.resolve() for b in model.etdg.buffers}.values():
+        full = (None,) * b.depth
+        if b.kind != "intermediate" or not contract or b.depth == 0:
+            out[b.name] = BufferStorage(b, full, None, "global")
+            continue
+        write, access = buffer_times(model, schedule, b.name)
+        conflict = conflicts(write, access, before)
+        moduli = successive_moduli(conflict, model.context)
+        moduli = tuple(None if m is not None and _at_least(n, m, model.sizes) else m for n, m in zip(b.dims, moduli))
+        cells = mapping(b.name, moduli, model.params)
+        check(b.name, conflict, cells, model.context)
+        out[b.name] = BufferStorage(b, moduli, cells, placement(access, schedule), access)
+    return Storage(out, contract)
+
+
+def _at_least(n, m: int, sizes: dict) -> bool:
+    """A modulus no smaller than a known extent saves nothing: keep the extent."""
+    return n.params <= set(sizes) and n.evaluate(sizes) <= m
