@@ -33,6 +33,24 @@ buffers in both plans (no fusion is modelled), so the ratio of the two plans iso
 cost of materialising views; absolute bytes are an ideal-cache lower bound, not what a
 kernel moves. Gathers are may-accesses over the whole gathered dim (an upper bound).
 
+What the generated code moves (`code_traffic`) is a third count, without the ideal cache:
+the generated code (C and CUDA alike) has no cache of its own, so every access of every
+statement instance moves its whole tile, each time: a load reads the tile from its buffer
+(loads are pointers into buffers), a store writes it. Per read and write access relation at
+concrete sizes, that is the number of (instance, element) pairs, the card of the relation's
+graph, times the tile bytes; states of a recurrence are read back from their buffer like any
+other element (nothing is kept on chip). Every access relation of an affine access is a
+function of the instance, so its graph has exactly as many points as its domain, which is what
+is counted (a box, or split like any set: never enumerated at full size); a gather reads one
+element per instance too, though its may-access relation spans the whole gathered dim, so it
+is counted the same way (the index it reads first is not an access relation of the model and
+is not counted; nor are constant pieces, e.g. a window's zero padding, which read no buffer).
+Storage contraction (schedule/storage.py) changes where an element is stored, not how often it
+is accessed: the bytes the code moves are the same with or without it. They would drop only if
+contracted buffers left global memory (a buffer placed "local" kept in registers or shared
+memory); `CodeTraffic.bytes(exclude=...)` counts that case, but the targets keep every buffer
+global.
+
 Counting: sets are boxes in the workloads (products of intervals), counted as products of
 their extents; a non-box set is counted by isl's enumeration when small, else split along
 its first dim. Parameters are fixed to the sizes first, so counts are plain integers.
@@ -300,3 +318,77 @@ def model_traffic(model: PolyModel) -> Traffic:
 def traffic(etdg: ETDG, sizes: dict) -> Traffic:
     """Build the ISL model of `etdg` at `sizes` (every length given) and count its traffic."""
     return model_traffic(build(etdg, sizes))
+
+
+# -- what the generated code moves ---------------------------------------------------------
+
+@dataclass
+class AccessTraffic:
+    """One access relation (one piece of one load or store) of one statement, counted in tiles."""
+
+    statement: str
+    buffer: str
+    kind: str  # "read" | "write"
+    access: str  # e.g. "xs[i + 1]"
+    pairs: int  # (instance, element) pairs: the card of the relation's graph
+    tile_bytes: int
+
+    @property
+    def bytes(self) -> int:
+        return self.pairs * self.tile_bytes
+
+
+@dataclass
+class CodeTraffic:
+    """Bytes the generated code loads and stores: every access of every instance moves its tile."""
+
+    accesses: list = field(default_factory=list)
+
+    def bytes(self, kind: str | None = None, exclude=()) -> int:
+        """Total bytes moved, of kind "read" or "write" (both by default), leaving out the
+        accesses to the buffers named in `exclude` (e.g. those a storage places "local")."""
+        if kind not in (None, "read", "write"):
+            raise PolyftError(f"unknown access kind {kind!r}: 'read' or 'write'", op="traffic")
+        return sum(a.bytes for a in self.accesses
+                   if (kind is None or a.kind == kind) and a.buffer not in set(exclude))
+
+    def by_buffer(self) -> dict:
+        """buffer name -> bytes moved to and from it."""
+        out = {}
+        for a in self.accesses:
+            out[a.buffer] = out.get(a.buffer, 0) + a.bytes
+        return out
+
+    def rows(self) -> list:
+        return [dict(statement=a.statement, buffer=a.buffer, kind=a.kind, access=a.access, pairs=a.pairs,
+                     tile_bytes=a.tile_bytes, bytes=a.bytes) for a in self.accesses]
+
+
+def graph_count(m: isl.Map, sizes: dict | None = None, gather: bool = False) -> int:
+    """The number of (instance, element) pairs an access moves: the card of the graph of `m`.
+    A single-valued relation's graph has as many points as its domain (counted instead, as
+    boxes); a gather's may-access relation spans the gathered dim but reads one element per
+    instance, so its domain is counted too; any other relation is counted as its wrapped graph."""
+    if gather or m.is_single_valued():
+        return count(m.domain(), sizes)
+    return count(m.wrap(), sizes)
+
+
+def model_code_traffic(model: PolyModel) -> CodeTraffic:
+    """What the code generated from `model` loads and stores (all lengths fixed by model.sizes)."""
+    missing = [p for p in model.params if p not in model.sizes]
+    if missing:
+        raise PolyftError(f"traffic needs concrete lengths; give sizes for {missing}", op="traffic")
+    out = CodeTraffic()
+    for name, am, m in model.accesses:
+        buf = am.buffer.resolve()
+        access = f"{buf.name}[{', '.join(str(ix) for ix in am.index)}]"
+        out.accesses.append(AccessTraffic(name, buf.name, am.kind, access,
+                                          graph_count(m, model.sizes, am.is_gather), tile_bytes(buf)))
+    return out
+
+
+def code_traffic(etdg: ETDG, sizes: dict) -> CodeTraffic:
+    """Build the ISL model of `etdg` at `sizes` (every length given) and count the bytes its
+    generated code loads and stores (no cache: every access moves its tile)."""
+    return model_code_traffic(build(etdg, sizes))

@@ -6,6 +6,8 @@
 * fig8.png    Figure 8: stacked LSTM, dilated RNN, grid RNN against depth and sequence length,
               "middle" and "large" models
 * table7.png  Table 7 (model): GB moved with deferred vs materialised views per workload
+* memory.png  memory before vs after storage contraction per workload, relative to inputs +
+              outputs (log), paper shape and small shape
 * depth_scaling.csv  time(deepest) / time(depth 1) per system, from fig2 and fig8's depth
               panels, and time(depth 20) / time(depth 1) where depth 20 was measured (the
               paper: with the parallelism exposed, time must not grow linearly with depth;
@@ -27,6 +29,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import FuncFormatter, NullFormatter  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from .registry import write_index  # noqa: E402
@@ -282,6 +285,51 @@ def plot_table7(df, out_dir) -> str:
     return _save(fig, out_dir, "table7.png")
 
 
+def _bytes(n) -> str:
+    """1234567 -> '1.23 MB'."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{int(n)} B"
+
+
+def plot_memory(df, out_dir) -> str:
+    """Per workload, total bytes (inputs + outputs + intermediates) with one element per
+    instance and as contracted, relative to inputs + outputs (log), one panel per shape."""
+    shapes = [p for p in ("paper", "small") if (df["preset"] == p).any()]
+    shapes += [p for p in dict.fromkeys(df["preset"]) if p not in shapes]
+    fig, axes = plt.subplots(1, len(shapes), figsize=(6.4 * len(shapes), 4.6), squeeze=False)
+    top = max(df["ratio_full"].max(), df["ratio_allocated"].max())
+    for ax, shape in zip(axes[0], shapes):
+        g = df[df["preset"] == shape].reset_index(drop=True)
+        x = np.arange(len(g))
+        ax.bar(x - 0.2, g["ratio_full"], 0.38, color="tab:gray", label="one element per instance (before)")
+        ax.bar(x + 0.2, g["ratio_allocated"], 0.38, color="tab:red", label="contracted (after)")
+        for i, r in g.iterrows():
+            ax.text(i, max(r["ratio_full"], r["ratio_allocated"]) * 1.12,
+                    f"{r['ratio_full']:.2f}x\n-> {r['ratio_allocated']:.2f}x", ha="center", va="bottom", fontsize=7)
+        for level, ls in ((1.0, "-"), (1.1, ":"), (1.5, "--")):
+            ax.axhline(level, color="black", ls=ls, lw=0.7, alpha=0.6)
+        ax.set_yscale("log")
+        ax.set_ylim(0.8, top * 3)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_xticks(x)
+        ax.set_xticklabels([f"{TITLES.get(w, w)}\nio {_bytes(b)}" for w, b in zip(g["workload"], g["io_bytes"])],
+                           fontsize=7)
+        ax.set_ylabel("total bytes / (inputs + outputs), log")
+        ax.set_title(f"{shape} shape", fontsize=9.5)
+        ax.grid(True, axis="y", which="major", alpha=0.3)
+    axes[0][0].legend(fontsize=7.5, loc="upper left")
+    fig.suptitle("Memory before and after storage contraction (auto schedule): total allocated bytes relative "
+                 "to inputs + outputs;\nlines at 1x, 1.1x (dotted) and 1.5x (dashed)", fontsize=10)
+    fig.text(0.01, 0.005, f"{', '.join(sorted(set(df['device'].astype(str))))}; commit "
+             f"{', '.join(sorted(set(df['commit'].astype(str))))}; static analysis (prog.memory), nothing executed",
+             fontsize=6.5, va="bottom", ha="left", color="dimgray")
+    fig.tight_layout(rect=(0, 0.03, 1, 0.93))
+    return _save(fig, out_dir, "memory.png")
+
+
 def depth_scaling(frames: dict) -> pd.DataFrame:
     """time(deepest) / time(shallowest) per (artefact, workload, model, system), from the
     depth sweeps (fig2; fig8's depth panels)."""
@@ -317,7 +365,8 @@ def _save(fig, out_dir, name) -> str:
 def run(out_dir: str = "results") -> list:
     """Draw every plot whose CSV exists; write the derived CSVs; return the files written."""
     written = []
-    fig2, fig7, fig8, table7 = (_read(out_dir, f"{n}.csv") for n in ("fig2", "fig7", "fig8", "table7"))
+    fig2, fig7, fig8, table7, memory = (_read(out_dir, f"{n}.csv") for n in ("fig2", "fig7", "fig8", "table7",
+                                                                              "memory"))
     if fig2 is not None:
         written.append(plot_fig2(fig2, out_dir))
     if fig7 is not None:
@@ -327,6 +376,8 @@ def run(out_dir: str = "results") -> list:
         written.append(plot_fig8(fig8, out_dir))
     if table7 is not None:
         written.append(plot_table7(table7, out_dir))
+    if memory is not None:
+        written.append(plot_memory(memory, out_dir))
     ds = depth_scaling({"fig2": fig2, "fig8": fig8})
     if len(ds):
         path = os.path.join(out_dir, "depth_scaling.csv")

@@ -47,6 +47,14 @@ ARTEFACTS = {
                                "tile counts.",
         "table7.txt": "Table 7 as text: the model's GB per plan and their ratio beside the paper's measured "
                       "A100 DRAM traffic."}),
+    "memory": Artefact("polyft.experiments.memory", "Storage that follows the live set: memory before and after "
+                       "contraction", {
+        "memory.csv": "Per workload at the small and the paper shape: bytes of inputs + outputs, of the "
+                      "intermediates with one element per instance and as contracted under the auto schedule, "
+                      "their ratios, and the bytes the generated code moves beside Table 7's deferred model.",
+        "memory_large.csv": "(--paper) Flash attention compiled in C at a shape whose uncontracted buffers exceed "
+                            "the machine's memory: bytes before/after contraction, peak memory, time beside "
+                            "torch's SDPA, relative error."}),
 }
 # what the plotting step (experiments/plot.py) draws from the CSVs above
 PLOTS = {
@@ -58,6 +66,8 @@ PLOTS = {
     "fig8.png": "Figure 8: time (log) against depth and against sequence length for three RNNs, two model "
                 "sizes.",
     "table7.png": "Table 7 (model): GB moved with deferred vs materialised views per workload, with the ratio.",
+    "memory.png": "Memory before vs after storage contraction: total bytes relative to inputs + outputs (log) per "
+                  "workload, with the ratios written above, paper shape and small shape.",
     "depth_scaling.csv": "time(deepest) / time(depth 1) per system from fig2 and fig8 (linear growth would "
                          "equal the depth ratio), and time(depth 20) / time(depth 1) as the paper quotes it.",
 }

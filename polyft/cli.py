@@ -47,14 +47,27 @@ def cmd_inspect(args) -> int:
         print("\ncoarsening (paper §5.1):")
         print("\n".join(f"  {line}" for line in log) or "  nothing to merge")
         print("\nafter coarsening:\n" + str(coarsened))
-    if args.deps or args.schedule:
+    if args.deps or args.schedule or args.storage:
         prog = analyze(mod.program, *specs, sizes=_sizes(args.size))
         if args.deps:
             print("\n" + prog.model.describe())
             print(prog.deps.describe(prog.model.context))
         if args.schedule:
             print("\n" + _schedules(prog))
+        if args.storage:
+            print("\n" + _storage(prog))
     return 0
+
+
+def _storage(prog) -> str:
+    """The contracted buffers with their accesses in schedule time, then bytes per buffer."""
+    lines = ["storage (intermediate buffers under the auto schedule):", prog.storage.describe(prog.model.context)]
+    missing = [p for p in prog.model.params if p not in prog.model.sizes]
+    if missing:
+        lines.append(f"(bytes per buffer: give concrete --size for {', '.join(missing)})")
+    else:
+        lines += ["", prog.memory().to_string(index=False)]
+    return "\n".join(lines)
 
 
 def _schedules(prog) -> str:
@@ -101,6 +114,8 @@ def main(argv=None) -> int:
                    help="print what the coarsening passes merge, and the ETDG after them")
     p.add_argument("--schedule", action="store_true",
                    help="print the original and transformed schedules (ISL strings, T, bounds)")
+    p.add_argument("--storage", action="store_true",
+                   help="print the storage mapping: live accesses, contraction, placement, bytes per buffer")
     p.add_argument("--size", metavar="N=2,L=4", help="fix symbolic lengths (concrete ISL strings)")
     p.set_defaults(run=cmd_inspect)
     p = sub.add_parser("reproduce", help="run the paper's experiments and write results/")

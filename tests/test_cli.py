@@ -109,3 +109,17 @@ def test_console_script():
     assert BLOCK in done.stdout and STATE_READ in done.stdout
     done = subprocess.run([script, "inspect", "nope"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "known workloads: " + ", ".join(WORKLOADS) in done.stderr
+
+
+def test_inspect_storage_shows_the_contracted_gates_and_bytes(capsys):
+    """--storage: the stacked LSTM's gates keep one tile per (sentence, layer), not per step;
+    with concrete sizes the bytes per buffer follow, without them a hint."""
+    assert main(["inspect", "stacked_lstm", "--storage", "--size", "N=2,D=3,L=5"]) == 0
+    out = capsys.readouterr().out.split("storage (intermediate buffers")[1]
+    gates = next(line for line in out.splitlines() if "cells" in line)
+    assert gates.endswith("cells [N, D, 1, 4] of [N, D, L, 4]"), gates
+    table = out.split("full_bytes")[1]
+    row = next(line.split() for line in table.splitlines() if line.split()[:1] == [gates.split(":")[0]])
+    assert row[1] == "intermediate" and int(row[2]) == 5 * int(row[3])  # L = 5 steps in 1 cell
+    assert main(["inspect", "stacked_lstm", "--storage"]) == 0
+    assert "give concrete --size for D, L, N" in capsys.readouterr().out

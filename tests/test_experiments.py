@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from polyft.experiments import cpu_rnn, fig2, fig7, fig8, measure, plot, registry, reproduce, table7
+from polyft.experiments import cpu_rnn, fig2, fig7, fig8, measure, memory, plot, registry, reproduce, table7
 from polyft.workloads import WORKLOADS
 
 SWEEPS = {"cpu_rnn": cpu_rnn, "fig2": fig2, "fig7": fig7, "fig8": fig8}
@@ -139,7 +139,7 @@ def test_index_lists_every_file(tmp_path):
 def test_registry_describes_every_file_the_artefacts_write():
     files = registry.described()
     assert {"fig2.csv", "fig7.csv", "fig8.csv", "table7.csv", "fig2.png", "fig7.png", "fig8.png",
-            "table7.png", "depth_scaling.csv"} <= set(files)
+            "table7.png", "depth_scaling.csv", "memory.csv", "memory.png"} <= set(files)
     for name, a in registry.ARTEFACTS.items():
         assert a.files, name
     results = os.path.join(os.path.dirname(__file__), "..", "results")
@@ -197,3 +197,23 @@ def test_ncu_csv_is_summed_over_kernels_in_bytes():
     assert table7._ncu_bytes(text) == {"dram": 1.5e6 + 500, "l2": 2e6, "l1": 1e9}
     with pytest.raises(Exception, match="no metrics"):
         table7._ncu_bytes("==PROF== error")
+
+
+def test_memory_rows_and_plot(tmp_path):
+    df = memory.run("quick", str(tmp_path))
+    got = pd.read_csv(tmp_path / "memory.csv")
+    assert list(got.columns) == memory.COLUMNS + ["device", "commit", "date"]
+    assert len(got) == len(df) == 2 * len(WORKLOADS)
+    assert set(zip(got["workload"], got["preset"])) == {(w, p) for w in WORKLOADS for p in ("small", "paper")}
+    assert (got["intermediate_allocated_bytes"] <= got["intermediate_full_bytes"]).all()
+    assert (got["total_allocated_bytes"] <= got["total_full_bytes"]).all()
+    assert (got["total_full_bytes"] == got["io_bytes"] + got["intermediate_full_bytes"]).all()
+    assert np.allclose(got["ratio_allocated"], got["total_allocated_bytes"] / got["io_bytes"])
+    assert (got["ratio_allocated"] >= 1).all()
+    # contraction moves where elements live, not how often the code loads and stores them
+    assert (got["code_bytes_moved_contracted"] == got["code_bytes_moved_full"]).all()
+    assert (got["code_bytes_moved_local_on_chip"] <= got["code_bytes_moved_full"]).all()
+    lstm = got[(got["workload"] == "stacked_lstm") & (got["preset"] == "paper")].iloc[0]
+    assert lstm["ratio_allocated"] < lstm["ratio_full"] and lstm["contracted"] >= 1
+    assert (got["deferred_model_bytes"] > 0).all()
+    assert str(tmp_path / "memory.png") in plot.run(str(tmp_path))

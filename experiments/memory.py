@@ -1,0 +1,185 @@
+"""Memory before and after storage contraction (§5, issue 12: storage that follows the live set).
+
+The tracer gives every statement instance its own buffer element (single assignment), so an
+intermediate buffer is as large as its statement's iteration domain. Under the "auto" schedule,
+schedule/storage.py contracts each intermediate to the cells live at once (a modular mapping,
+checked with ISL). For all seven workloads at two shapes, the "small" preset (what --quick
+measures elsewhere) and the "paper" preset, each program is analysed from its specs
+(`ft.analyze(program, *specs(preset))`: traced, coarsened, scheduled; never executed) and
+`prog.memory(sizes)` is evaluated at the preset's lengths (deps_time.lengths). Per (workload,
+shape), in bytes:
+
+    io_bytes                      inputs + outputs + constants (stored as they are)
+    intermediate_full_bytes       intermediates with one element per instance (no contraction)
+    intermediate_allocated_bytes  intermediates as the contracted storage allocates them
+    total_full_bytes / total_allocated_bytes   io + the intermediates, before / after
+    ratio_full / ratio_allocated  total / io
+
+and what the generated code moves (deps.traffic.code_traffic on the scheduled, coarsened ETDG):
+it has no cache, so every access of every instance moves its tile. Contraction changes where an
+element is stored, not how often it is loaded or stored, so code_bytes_moved_contracted equals
+code_bytes_moved_full: the code moves fewer bytes only if contracted buffers leave global memory
+(code_bytes_moved_local_on_chip: the accesses to intermediates placed "local" left out; the
+targets keep every buffer global). deferred_model_bytes is Table 7's deferred plan (deps.traffic
+.traffic on the ETDG as traced: an ideal cache, each source tile read once) at the same sizes.
+largest_intermediate names the intermediate with the most allocated bytes and its cells.
+
+--quick and --paper both analyse both shapes (fast). Writes results/memory.csv (one row per
+workload and shape; `preset` names the workload preset of the shape, small or paper; with
+device, commit and date).
+
+--paper also *runs* flash attention compiled in C at a shape whose uncontracted buffers would
+not fit this machine's memory (LARGE: B=8, NH=16, Lq=Lk=4096, tiles of [32, 128]: 36 GB
+uncontracted, 1.07 GB of inputs and outputs), checked against torch's
+scaled_dot_product_attention and timed beside it (median of 2 runs each, all cores) with the
+process's peak resident memory: results/memory_large.csv.
+
+    python -m polyft.experiments.memory [--quick | --paper] [--out results]
+"""
+from __future__ import annotations
+
+import os
+import resource
+import statistics
+import time
+
+import pandas as pd
+
+import polyft as ft
+from polyft.deps.traffic import code_traffic, traffic
+from polyft.testing import rel_error
+from polyft.workloads import WORKLOADS, flash_attention, get
+
+from .common import main, meta
+from .deps_time import lengths
+
+SHAPES = ("small", "paper")
+COLUMNS = ["workload", "preset", "shape", "lengths", "io_bytes", "intermediate_full_bytes",
+           "intermediate_allocated_bytes", "total_full_bytes", "total_allocated_bytes", "ratio_full",
+           "ratio_allocated", "intermediates", "contracted", "largest_intermediate",
+           "largest_intermediate_allocated_bytes", "largest_intermediate_cells", "code_bytes_moved_full",
+           "code_bytes_moved_contracted", "code_bytes_moved_local_on_chip", "deferred_model_bytes"]
+
+
+def _text(sizes: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in sizes.items())
+
+
+def _dims(dims) -> str:
+    return "[" + ", ".join(str(d) for d in dims) + "]"
+
+
+def measure(name: str, shape: str) -> dict:
+    """One row: the memory and traffic of workload `name` at preset `shape`."""
+    mod = get(name)
+    sizes = lengths(name, shape)
+    prog = ft.analyze(mod.program, *mod.specs(shape))
+    mem = prog.memory(sizes)
+    inter = mem[mem["role"] == "intermediate"]
+    io = int(mem.loc[mem["role"] != "intermediate", "full_bytes"].sum())
+    full, alloc = int(inter["full_bytes"].sum()), int(inter["allocated_bytes"].sum())
+    code = code_traffic(prog.etdg, sizes)
+    local = set(inter.loc[inter["placement"] == "local", "buffer"])
+    row = dict(workload=name, preset=shape, shape=_text(mod.PRESETS[shape]), lengths=_text(sizes), io_bytes=io,
+               intermediate_full_bytes=full, intermediate_allocated_bytes=alloc, total_full_bytes=io + full,
+               total_allocated_bytes=io + alloc, ratio_full=(io + full) / io, ratio_allocated=(io + alloc) / io,
+               intermediates=len(inter), contracted=int((inter["allocated_bytes"] < inter["full_bytes"]).sum()),
+               largest_intermediate="", largest_intermediate_allocated_bytes=0, largest_intermediate_cells="",
+               code_bytes_moved_full=code.bytes(), code_bytes_moved_contracted=code.bytes(),
+               code_bytes_moved_local_on_chip=code.bytes(exclude=local),
+               deferred_model_bytes=traffic(prog.traced, sizes).bytes("deferred"))
+    if len(inter):
+        top = inter.loc[inter["allocated_bytes"].idxmax()]
+        s = next(s for s in prog.storage.buffers.values() if s.buffer.name == top["buffer"])
+        row.update(largest_intermediate=top["buffer"], largest_intermediate_allocated_bytes=int(top["allocated_bytes"]),
+                   largest_intermediate_cells=f"{_dims(s.cell_dims())} of {_dims(s.buffer.dims)} ({s.placement})")
+    return row
+
+
+LARGE = {"B": 8, "NH": 16, "Lq": 4096, "Lk": 4096, "tq": 32, "tk": 32, "d": 128}
+
+
+def _peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _median_seconds(fn, repeats: int = 2) -> tuple:
+    times, out = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def large_flash_attention(out_dir: str) -> pd.DataFrame:
+    """Flash attention at LARGE compiled in C (contracted) against SDPA: memory, time, error."""
+    import torch
+    s = LARGE
+    lengths_ = {"B": s["B"], "NH": s["NH"], "TQ": s["Lq"] // s["tq"], "TK": s["Lk"] // s["tk"]}
+    prog = ft.compile(flash_attention.program, *flash_attention.specs("paper", **s))
+    mem = prog.memory(lengths_)
+    q, k, v = flash_attention.inputs("paper", seed=1, **s)
+    seconds, out = _median_seconds(lambda: prog(q, k, v))
+    peak = _peak_mb()
+
+    def flat(x):
+        return torch.from_numpy(x.to_numpy().reshape(s["B"], s["NH"], -1, s["d"]))
+    Q, K, V = flat(q), flat(k), flat(v)
+    with torch.no_grad():
+        sdpa, ref = _median_seconds(lambda: torch.nn.functional.scaled_dot_product_attention(Q, K, V))
+    err = rel_error(out.to_numpy().reshape(ref.shape), ref.numpy())
+    io = int(mem.loc[mem["role"] != "intermediate", "full_bytes"].sum())
+    df = pd.DataFrame([dict(workload="flash_attention", shape=_text(s), io_bytes=io,
+                            total_full_bytes=int(mem["full_bytes"].sum()),
+                            total_allocated_bytes=int(mem["allocated_bytes"].sum()),
+                            peak_rss_bytes=int(peak * 2**20), machine_bytes=_machine_bytes(),
+                            seconds_polyft_c=seconds, seconds_torch_sdpa=sdpa, rel_error_vs_sdpa=err,
+                            threads=os.cpu_count(), torch_threads=torch.get_num_threads(), **meta())])
+    path = os.path.join(out_dir, "memory_large.csv")
+    df.to_csv(path, index=False)
+    print(df.drop(columns=list(meta())).to_string(index=False))
+    print(f"wrote {path}")
+    return df
+
+
+def _machine_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def run(preset: str = "quick", out_dir: str = "results") -> pd.DataFrame:
+    """Both shapes of every workload (whatever the preset: the analysis never runs the program);
+    write `out_dir`/memory.csv and return it; with preset "paper" also the LARGE flash attention
+    run (memory_large.csv)."""
+    info = meta()
+    df = pd.DataFrame([measure(name, shape) for shape in SHAPES for name in WORKLOADS])[COLUMNS]
+    for k, v in info.items():
+        df[k] = v
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "memory.csv")
+    df.to_csv(path, index=False)
+    print(table(df))
+    print(f"wrote {path}")
+    if preset == "paper":
+        large_flash_attention(out_dir)
+    return df
+
+
+def table(df: pd.DataFrame) -> str:
+    """The rows as text: MB of memory, GB moved."""
+    lines = []
+    for shape, g in df.groupby("preset", sort=False):
+        lines.append(f"{shape} shape: memory in MB (io = inputs + outputs), bytes moved in GB")
+        lines.append(f"{'workload':16s} {'io MB':>10s} {'full MB':>11s} {'alloc MB':>10s} {'full/io':>8s} "
+                     f"{'alloc/io':>8s} {'code GB':>9s} {'deferred GB':>11s}  largest intermediate (allocated)")
+        for r in g.itertuples():
+            lines.append(f"{r.workload:16s} {r.io_bytes / 1e6:10.3f} {r.total_full_bytes / 1e6:11.3f} "
+                         f"{r.total_allocated_bytes / 1e6:10.3f} {r.ratio_full:8.2f} {r.ratio_allocated:8.3f} "
+                         f"{r.code_bytes_moved_full / 1e9:9.3f} {r.deferred_model_bytes / 1e9:11.3f}  "
+                         f"{r.largest_intermediate or '-'} {r.largest_intermediate_cells}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(run, __doc__))
