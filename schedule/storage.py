@@ -115,6 +115,11 @@ def buffer_times(model: PolyModel, schedule: Schedule, name: str) -> tuple:
         return [m.reverse().apply_range(schedule.per_statement[m.get_tuple_name(isl.dim_type.in_)])
                 for m in maps(um) if m.get_tuple_name(isl.dim_type.out) == name]
     write = union(times(model.writes))
+    if write is None:  # no instance writes it (an empty domain, e.g. a reduce over one element)
+        depth = next(b.resolve().depth for b in model.etdg.buffers if b.resolve().name == name)
+        es = ", ".join(f"e{k}" for k in range(depth))
+        ts = ", ".join(f"t{k}" for k in range(_time_space(schedule).dim(isl.dim_type.set)))
+        write = isl.Map(f"{param_prefix(model.params)}{{ {name}[{es}] -> [{ts}] : false }}")
     return write, union([write, *times(model.reads)]).coalesce()
 
 

@@ -379,8 +379,8 @@ def test_compiler_error_shows_message_and_numbered_source(tmp_path, monkeypatch)
     real = c_target.CTarget.generate
     sources = []
 
-    def broken(self, model, schedule, precision="fp32"):
-        module = real(self, model, schedule, precision)
+    def broken(self, model, schedule, precision="fp32", storage=None):
+        module = real(self, model, schedule, precision, storage)
         sources.append(module.source.replace("(void)c;", "(void)c; polyft_no_such_name += 1;", 1))
         return dataclasses.replace(module, source=sources[-1])
     monkeypatch.setattr(c_target.CTarget, "generate", broken)
