@@ -269,11 +269,15 @@ def _recurrences(stmts, loads, writer) -> dict:
     return {a: {b for b in reach[a] if a in reach[b]} for a in names}
 
 
-def model_traffic(model: PolyModel) -> Traffic:
-    """The traffic of every read and write of `model` (all lengths fixed by model.sizes)."""
+def _require_lengths(model: PolyModel) -> None:
     missing = [p for p in model.params if p not in model.sizes]
     if missing:
         raise PolyftError(f"traffic needs concrete lengths; give sizes for {missing}", op="traffic")
+
+
+def model_traffic(model: PolyModel) -> Traffic:
+    """The traffic of every read and write of `model` (all lengths fixed by model.sizes)."""
+    _require_lengths(model)
     stmts = model.etdg.statements
     loads = {st.name: _loads(model, st) for st in stmts}
     writer = {am.buffer.resolve(): st.name for st in stmts for am in st.writes}
@@ -359,10 +363,6 @@ class CodeTraffic:
             out[a.buffer] = out.get(a.buffer, 0) + a.bytes
         return out
 
-    def rows(self) -> list:
-        return [dict(statement=a.statement, buffer=a.buffer, kind=a.kind, access=a.access, pairs=a.pairs,
-                     tile_bytes=a.tile_bytes, bytes=a.bytes) for a in self.accesses]
-
 
 def graph_count(m: isl.Map, sizes: dict | None = None, gather: bool = False) -> int:
     """The number of (instance, element) pairs an access moves: the card of the graph of `m`.
@@ -376,9 +376,7 @@ def graph_count(m: isl.Map, sizes: dict | None = None, gather: bool = False) -> 
 
 def model_code_traffic(model: PolyModel) -> CodeTraffic:
     """What the code generated from `model` loads and stores (all lengths fixed by model.sizes)."""
-    missing = [p for p in model.params if p not in model.sizes]
-    if missing:
-        raise PolyftError(f"traffic needs concrete lengths; give sizes for {missing}", op="traffic")
+    _require_lengths(model)
     out = CodeTraffic()
     for name, am, m in model.accesses:
         buf = am.buffer.resolve()

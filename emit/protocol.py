@@ -9,6 +9,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+from polyft.schedule.storage import extents
+
 
 class Layout:
     """The buffers a program touches, in the order its entry point takes them, and how each is
@@ -36,8 +38,7 @@ class Layout:
 
     def shape(self, buf, params: dict) -> tuple:
         """The array shape to allocate, for the lengths in `params`."""
-        return tuple(n if isinstance(n, int) else n.evaluate(params) for n in self.dims(buf)) + \
-            tuple(buf.resolve().element_shape)
+        return extents(self.dims(buf), params) + tuple(buf.resolve().element_shape)
 
 
 @dataclass(frozen=True)

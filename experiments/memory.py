@@ -17,8 +17,8 @@ shape), in bytes:
 
 and what the generated code moves (deps.traffic.code_traffic on the scheduled, coarsened ETDG):
 it has no cache, so every access of every instance moves its tile. Contraction changes where an
-element is stored, not how often it is loaded or stored, so code_bytes_moved_contracted equals
-code_bytes_moved_full: the code moves fewer bytes only if contracted buffers leave global memory
+element is stored, not how often it is loaded or stored, so code_bytes_moved is the same with
+and without it: the code moves fewer bytes only if contracted buffers leave global memory
 (code_bytes_moved_local_on_chip: the accesses to intermediates placed "local" left out; the
 targets keep every buffer global). deferred_model_bytes is Table 7's deferred plan (deps.traffic
 .traffic on the ETDG as traced: an ideal cache, each source tile read once) at the same sizes.
@@ -57,8 +57,8 @@ SHAPES = ("small", "paper")
 COLUMNS = ["workload", "preset", "shape", "lengths", "io_bytes", "intermediate_full_bytes",
            "intermediate_allocated_bytes", "total_full_bytes", "total_allocated_bytes", "ratio_full",
            "ratio_allocated", "intermediates", "contracted", "largest_intermediate",
-           "largest_intermediate_allocated_bytes", "largest_intermediate_cells", "code_bytes_moved_full",
-           "code_bytes_moved_contracted", "code_bytes_moved_local_on_chip", "deferred_model_bytes"]
+           "largest_intermediate_allocated_bytes", "largest_intermediate_cells", "code_bytes_moved",
+           "code_bytes_moved_local_on_chip", "deferred_model_bytes"]
 
 
 def _text(sizes: dict) -> str:
@@ -85,7 +85,7 @@ def measure(name: str, shape: str) -> dict:
                total_allocated_bytes=io + alloc, ratio_full=(io + full) / io, ratio_allocated=(io + alloc) / io,
                intermediates=len(inter), contracted=int((inter["allocated_bytes"] < inter["full_bytes"]).sum()),
                largest_intermediate="", largest_intermediate_allocated_bytes=0, largest_intermediate_cells="",
-               code_bytes_moved_full=code.bytes(), code_bytes_moved_contracted=code.bytes(),
+               code_bytes_moved=code.bytes(),
                code_bytes_moved_local_on_chip=code.bytes(exclude=local),
                deferred_model_bytes=traffic(prog.traced, sizes).bytes("deferred"))
     if len(inter):
@@ -175,7 +175,7 @@ def table(df: pd.DataFrame) -> str:
         for r in g.itertuples():
             lines.append(f"{r.workload:16s} {r.io_bytes / 1e6:10.3f} {r.total_full_bytes / 1e6:11.3f} "
                          f"{r.total_allocated_bytes / 1e6:10.3f} {r.ratio_full:8.2f} {r.ratio_allocated:8.3f} "
-                         f"{r.code_bytes_moved_full / 1e9:9.3f} {r.deferred_model_bytes / 1e9:11.3f}  "
+                         f"{r.code_bytes_moved / 1e9:9.3f} {r.deferred_model_bytes / 1e9:11.3f}  "
                          f"{r.largest_intermediate or '-'} {r.largest_intermediate_cells}")
         lines.append("")
     return "\n".join(lines)

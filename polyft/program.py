@@ -13,7 +13,7 @@ from polyft.emit.c_statements import native_dtype
 from polyft.emit.targets import select
 from polyft.schedule.coarsen import coarsen as coarsen_etdg
 from polyft.schedule.schedule import make_schedule
-from polyft.schedule.storage import Storage, storage_mapping
+from polyft.schedule.storage import Storage, extents, storage_mapping
 
 from .errors import InputError, PolyftError
 from .fractaltensor import FractalTensor
@@ -57,11 +57,10 @@ class Program:
         for s in self.storage.buffers.values():
             buf = s.buffer
             elem = int(np.prod(buf.element_shape, dtype=np.int64)) * np.dtype(buf.dtype).itemsize
-
-            def count(dims):
-                return int(np.prod([n if isinstance(n, int) else n.evaluate(env) for n in dims], dtype=np.int64))
-            rows.append(dict(buffer=buf.name, role=ROLES[buf.kind], full_bytes=count(buf.dims) * elem,
-                             allocated_bytes=count(s.cell_dims()) * elem, placement=s.placement,
+            rows.append(dict(buffer=buf.name, role=ROLES[buf.kind],
+                             full_bytes=int(np.prod(extents(buf.dims, env), dtype=np.int64)) * elem,
+                             allocated_bytes=int(np.prod(extents(s.cell_dims(), env), dtype=np.int64)) * elem,
+                             placement=s.placement,
                              mapping=str(s.mapping.gist_params(self.model.context)) if s.mapping is not None
                              else "identity"))
         return pd.DataFrame(rows)

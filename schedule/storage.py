@@ -83,6 +83,11 @@ class Storage:
         return "\n".join(lines) or "no intermediate buffers"
 
 
+def extents(dims, lengths: dict) -> tuple:
+    """Stored dims (cell_dims, or a buffer's dims) as integers, for the given lengths."""
+    return tuple(n if isinstance(n, int) else n.evaluate(lengths) for n in dims)
+
+
 def _dims_text(dims) -> str:
     return "[" + ", ".join(str(d) for d in dims) + "]"
 
@@ -92,20 +97,22 @@ def _time_space(schedule: Schedule) -> isl.Space:
     return m.get_space().range()
 
 
+def _same_prefix(space: isl.Space, k: int) -> isl.Map:
+    """t -> t' on time vectors of `space` that agree on their first k dims."""
+    same = isl.Map.universe(isl.Space.map_from_domain_and_range(space, space))
+    for j in range(k):
+        same = same.equate(isl.dim_type.in_, j, isl.dim_type.out, j)
+    return same
+
+
 def happens_before(schedule: Schedule) -> isl.Map:
     """t -> t' where t runs strictly before t': equal up to a sequential dim where t is smaller.
     Time vectors first differing in a parallel dim are unordered (they run at once)."""
     space = _time_space(schedule)
-    n = space.dim(isl.dim_type.set)
     before = isl.Map.empty(isl.Space.map_from_domain_and_range(space, space))
-    for k in range(n):
-        if schedule.parallel[k]:
-            continue
-        step = isl.Map.universe(before.get_space())
-        for j in range(k):
-            step = step.equate(isl.dim_type.in_, j, isl.dim_type.out, j)
-        step = step.order_lt(isl.dim_type.in_, k, isl.dim_type.out, k)
-        before = before.union(step)
+    for k, parallel in enumerate(schedule.parallel):
+        if not parallel:
+            before = before.union(_same_prefix(space, k).order_lt(isl.dim_type.in_, k, isl.dim_type.out, k))
     return before.coalesce()
 
 
@@ -178,11 +185,8 @@ def placement(access: isl.Map, schedule: Schedule) -> str:
             continue
         lo, hi = times.dim_min_val(k), times.dim_max_val(k)
         if lo.is_infty() or hi.is_infty() or lo.is_nan() or hi.is_nan() or lo.ne(hi):  # a loop
-            same = isl.Map.universe(isl.Space.map_from_domain_and_range(space, space))
-            for j in range(k + 1):
-                same = same.equate(isl.dim_type.in_, j, isl.dim_type.out, j)
             pairs = access.reverse().apply_range(access)  # times at which one element is accessed
-            return "local" if pairs.is_subset(same) else "global"
+            return "local" if pairs.is_subset(_same_prefix(space, k + 1)) else "global"
     return "global"
 
 

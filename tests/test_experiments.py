@@ -211,8 +211,7 @@ def test_memory_rows_and_plot(tmp_path):
     assert np.allclose(got["ratio_allocated"], got["total_allocated_bytes"] / got["io_bytes"])
     assert (got["ratio_allocated"] >= 1).all()
     # contraction moves where elements live, not how often the code loads and stores them
-    assert (got["code_bytes_moved_contracted"] == got["code_bytes_moved_full"]).all()
-    assert (got["code_bytes_moved_local_on_chip"] <= got["code_bytes_moved_full"]).all()
+    assert (got["code_bytes_moved_local_on_chip"] <= got["code_bytes_moved"]).all()
     lstm = got[(got["workload"] == "stacked_lstm") & (got["preset"] == "paper")].iloc[0]
     assert lstm["ratio_allocated"] < lstm["ratio_full"] and lstm["contracted"] >= 1
     assert (got["deferred_model_bytes"] > 0).all()
