@@ -46,10 +46,10 @@ element per instance too, though its may-access relation spans the whole gathere
 is counted the same way (the index it reads first is not an access relation of the model and
 is not counted; nor are constant pieces, e.g. a window's zero padding, which read no buffer).
 Storage contraction (schedule/storage.py) changes where an element is stored, not how often it
-is accessed: the bytes the code moves are the same with or without it. They would drop only if
-contracted buffers left global memory (a buffer placed "local" kept in registers or shared
-memory); `CodeTraffic.bytes(exclude=...)` counts that case, but the targets keep every buffer
-global.
+is accessed: the bytes the code moves are the same with or without it. What changes is which
+memory they hit: the C target keeps buffers placed "local" in a small scratch per thread
+(cache-resident), so `CodeTraffic.bytes(exclude=...)` leaves their accesses out to count what
+the code moves to and from memory shared by all threads.
 
 Counting: sets are boxes in the workloads (products of intervals), counted as products of
 their extents; a non-box set is counted by isl's enumeration when small, else split along

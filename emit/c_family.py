@@ -8,12 +8,13 @@ import cgen
 import numpy as np
 
 from polyft.deps.isl_helpers import Namer
+from polyft.schedule.storage import BATCH
 
 from .c_statements import ctype, shared_matmul_work
-from .isl_ast import tileable_loops
+from .isl_ast import call_loops, level, loop_key, tileable_loops
 from .protocol import Layout
 
-TILE = 16  # instances of a parallel loop one call of a tiled statement runs
+TILE = BATCH  # instances of a parallel loop one call of a tiled statement runs
 
 MACROS = """#define floord(n, d) (((n) < 0) ? -((-(n) + (d) - 1) / (d)) : (n) / (d))
 #define min(x, y) ((x) < (y) ? (x) : (y))
@@ -108,9 +109,32 @@ def tiled_loops(etdg, ast, parallel: list, size: int) -> dict:
                           lambda name, pos: shared_matmul_work(by_name[name].ops, by_name[name].dims[pos]))
 
 
-def prepare(model, storage=None) -> tuple:
-    """What both targets start from: (layout, params, namer, consts, ctx struct, buffer_ref)."""
-    layout = Layout(model.etdg, storage)
+def local_widths(etdg, storage, ast, parallel: list, tiles: dict) -> dict:
+    """The buffers to keep in a per-thread scratch (buffer name -> batch width): those the
+    storage places "local" whose every statement runs inside a parallel loop (a thread's
+    iterations); the width is TILE where a loop at the buffer's slot dim runs tiled, else 1."""
+    if storage is None:
+        return {}
+    by_name = {st.name: st for st in etdg.statements}
+    loops = {}  # buffer name -> the loops around each call of a statement touching it
+    for name, around in call_loops(ast):
+        st = by_name[name]
+        for am in st.reads + st.writes:
+            loops.setdefault(am.buffer.resolve().name, []).append(around)
+    out = {}
+    for name, s in storage.buffers.items():
+        calls = loops.get(name, [])
+        if s.placement != "local" or not calls or not all(any(parallel[level(f)] for f in c) for c in calls):
+            continue
+        tiled = any(level(f) == s.slot_dim and loop_key(f) in tiles for c in calls for f in c)
+        out[name] = TILE if tiled else 1
+    return out
+
+
+def prepare(model, storage=None, local=None) -> tuple:
+    """What both targets start from: (layout, params, namer, consts, ctx struct, buffer_ref);
+    `local` as Layout's."""
+    layout = Layout(model.etdg, storage, local)
     params = list(model.params)
     ctx, buffer_ref = context(layout, params)
     return layout, params, Namer(params), {}, ctx, buffer_ref

@@ -1,57 +1,116 @@
 """The C target: one translation unit per program — a context struct (parameters, buffer
 pointers, strides), one function per statement (its operation nodes as macro-kernels), and
 `polyft_run`, the schedule's ISL AST with OpenMP on the outermost parallel loop of each nest.
+
+Buffers the storage places "local" (c_family.local_widths) live in a scratch per thread:
+`polyft_run` allocates one block of them per OpenMP thread, and each parallel region gives
+its threads their own copy of the context whose pointers to those buffers are the thread's.
 """
 from __future__ import annotations
 
 import cgen
 import numpy as np
 
-from .c_family import MACROS, TILE, StatementCalls, const_decl, param_c, prepare, statement_functions, tiled_loops
+from .c_family import (MACROS, TILE, StatementCalls, const_decl, local_widths, param_c, prepare, statement_functions,
+                       tiled_loops)
 from .c_statements import StatementBody, ctype, length_c
 from .isl_ast import build_ast, to_cgen
 from .protocol import Module, Target
 
 PRELUDE = """#include <math.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#else
+#define omp_get_thread_num() 0
+#define omp_get_max_threads() 1
+#endif
 typedef float ft_vec __attribute__((vector_size(64)));  /* 16 floats: the GEMM micro-kernel's row */
 """ + MACROS
 
 
 class CTarget(Target):
-    """C with OpenMP; the entry point is `void polyft_run(void** bufs, const long* params)`,
-    buffers in layout order, parameters in the module's order (runtime_c.CtypesRuntime)."""
+    """C with OpenMP; the entry point is `int polyft_run(void** bufs, const long* params)`,
+    buffers in layout order (local ones are not read), parameters in the module's order
+    (runtime_c.CtypesRuntime); it returns 1 when the threads' scratch cannot be allocated."""
 
     name = "C"
 
+    @staticmethod
+    def local_widths(model, schedule, storage) -> dict:
+        """The buffers this target keeps in a per-thread scratch: name -> batch width."""
+        ast = build_ast(schedule.map, model.context)
+        return local_widths(model.etdg, storage, ast, schedule.parallel,
+                            tiled_loops(model.etdg, ast, schedule.parallel, TILE))
+
     def generate(self, model, schedule, precision: str = "fp32", storage=None) -> Module:
         etdg = model.etdg
-        layout, params, namer, consts, ctx, buffer_ref = prepare(model, storage)
-
         ast = build_ast(schedule.map, model.context)
-        call = StatementCalls("&ctx")
         tiles = tiled_loops(etdg, ast, schedule.parallel, TILE)
-        code = to_cgen(ast, schedule.parallel, call, lambda loop: cgen.Block([cgen.Pragma("omp parallel for"), loop]),
-                       tiles=tiles)
-        functions = statement_functions(etdg, namer, buffer_ref, consts, StatementBody, "static void",
-                                        cgen.Value("const ctx_t* restrict", "c"), call.variants)
+        local = local_widths(etdg, storage, ast, schedule.parallel, tiles)
+        layout, params, namer, consts, ctx, buffer_ref = prepare(model, storage, local)
+        call = StatementCalls("c")
         setup = [cgen.Line("ctx_t ctx;"), cgen.Line("const ctx_t* c = &ctx;")]
         setup += [cgen.Line(f"const long {p} = ctx.{p} = params[{k}];") for k, p in enumerate(params)]
+        region_bytes = {}  # a local buffer's name -> the C expression of its bytes per thread
         for k, b in enumerate(layout.buffers):
-            setup.append(cgen.Line(f"ctx.b{k} = ({ctype(b.dtype)}*)bufs[{k}];  /* {b.name} */"))
             stride = str(int(np.prod(b.element_shape)) if b.element_shape else 1)
             dims = layout.dims(b)
             for r in reversed(range(b.depth)):
                 setup.append(cgen.Line(f"ctx.s{k}_{r} = {stride};"))
-                stride = f"{stride}*{dims[r] if isinstance(dims[r], int) else length_c(dims[r], param_c)}"
+                stride = f"{stride}*{_extent_c(dims[r], b.dims[r])}"
+            if layout.width(b):
+                region_bytes[b.name] = f"({stride}*{np.dtype(b.dtype).itemsize} + 63) / 64 * 64"
+                setup.append(cgen.Line(f"ctx.b{k} = NULL;  /* {b.name}: per thread */"))
+            else:
+                setup.append(cgen.Line(f"ctx.b{k} = ({ctype(b.dtype)}*)bufs[{k}];  /* {b.name} */"))
+        per_thread = "0"  # a thread's scratch: one 64-byte aligned region per group of buffers never live at once
+        offsets = {}  # slot of a local buffer -> its place in a thread's scratch
+        slots = {b.name: k for k, b in enumerate(layout.buffers)}
+        for j, group in enumerate(storage.regions(layout.local) if layout.local else []):
+            setup.append(cgen.Line(f"const long ft_region{j} = {per_thread};  /* {', '.join(group)} */"))
+            size = region_bytes[group[0]]
+            for name in group[1:]:
+                size = f"max({size}, {region_bytes[name]})"
+            per_thread = f"ft_region{j} + {size}"
+            offsets.update({slots[name]: f"ft_region{j}" for name in group})
+        code = to_cgen(ast, schedule.parallel, call, lambda loop: _parallel(loop, offsets), tiles=tiles)
+        functions = statement_functions(etdg, namer, buffer_ref, consts, StatementBody, "static void",
+                                        cgen.Value("const ctx_t* restrict", "c"), call.variants)
         setup.append(cgen.Line("(void)c;"))
+        if offsets:
+            setup += [cgen.Line(f"const long ft_per_thread = {per_thread};"),
+                      cgen.Line("char* ft_scratch = (char*)malloc(ft_per_thread * omp_get_max_threads());"),
+                      cgen.Line("if (!ft_scratch) return 1;")]
+        end = [cgen.Line("free(ft_scratch);")] if offsets else []
         run = cgen.FunctionBody(
-            cgen.FunctionDeclaration(cgen.Value("void", "polyft_run"),
+            cgen.FunctionDeclaration(cgen.Value("int", "polyft_run"),
                                      [cgen.Pointer(cgen.Pointer(cgen.Value("void", "bufs"))),
                                       cgen.Pointer(cgen.Value("const long", "params"))]),
-            cgen.Block(setup + [code]))
+            cgen.Block(setup + [code] + end + [cgen.Line("return 0;")]))
         module = cgen.Module([cgen.Line(PRELUDE), cgen.Line(""), ctx, cgen.Line("")]
                              + [const_decl(n, v) for n, v in consts.values()] + [cgen.Line("")]
                              + functions + [cgen.Line(""), run])
         return Module(str(module) + "\n", layout, tuple(params))
+
+
+def _extent_c(cells, n) -> str:
+    """The stored extent of a list dim of length n: its cells' Length, or a modulus cut to n
+    (Layout.shape's rule, which the caller allocates by)."""
+    if not isinstance(cells, int):
+        return length_c(cells, param_c)
+    return str(cells) if n.is_concrete else f"min({cells}, {length_c(n, param_c)})"
+
+
+def _parallel(loop, offsets: dict) -> cgen.Generable:
+    """The outermost parallel loop of a nest under OpenMP; with local buffers (`offsets`: slot
+    -> place in the scratch) each thread runs its iterations on its own context pointing at
+    its scratch."""
+    if not offsets:
+        return cgen.Block([cgen.Pragma("omp parallel for"), loop])
+    own = [cgen.Line("ctx_t ft_own = ctx;"), cgen.Line("const ctx_t* c = &ft_own;"),
+           cgen.Line("char* ft_mine = ft_scratch + omp_get_thread_num() * ft_per_thread;")]
+    own += [cgen.Line(f"ft_own.b{k} = (void*)(ft_mine + {off});") for k, off in sorted(offsets.items())]
+    return cgen.Block([cgen.Pragma("omp parallel"), cgen.Block(own + [cgen.Pragma("omp for"), loop])])

@@ -7,6 +7,9 @@
   threads of the block execute cooperatively (emit.cuda_statements), its tiles in the
   block's shared-memory arena (emit.cuda_arena). Runs of elementwise operations are fused
   into one pass whose intermediate values stay in registers (the GEMM epilogues: bias, gates).
+* Storage: every buffer stays in global memory, contracted by its shared mapping; buffers the
+  storage places "local" are not moved on chip yet (flash attention's state for a block's 16
+  query tiles, 512 KB, would not fit in shared memory).
 """
 from __future__ import annotations
 

@@ -148,6 +148,19 @@ def tileable_loops(node: isl.AstNode, parallel: list, size: int, benefit) -> dic
     return visit(node)[0]
 
 
+def call_loops(node, loops=()) -> list:
+    """(statement name, the for-nodes around the call, outermost first) for every call."""
+    if node.get_type() == isl.ast_node_type.user:
+        return [(_call(node)[0], list(loops))]
+    inner = loops + (node,) if node.get_type() == isl.ast_node_type.for_ else loops
+    return [c for k in below(node) for c in call_loops(k, inner)]
+
+
+def level(loop) -> int:
+    """The time dim a for-node scans (its iterator c<k>)."""
+    return int(loop.for_get_iterator().get_id().get_name()[1:])
+
+
 def loop_key(node) -> str:
     """Which loop: ISL reuses iterator names across sibling nests, so a loop is named by its
     whole text (what decides whether it can be tiled is all in it)."""

@@ -15,30 +15,42 @@ from polyft.schedule.storage import extents
 class Layout:
     """The buffers a program touches, in the order its entry point takes them, and how each is
     stored: with a storage mapping (schedule.storage.Storage) a contracted buffer keeps only
-    its cells; without one every buffer holds one element per instance."""
+    its cells; without one every buffer holds one element per instance. `local` (buffer name
+    -> batch width) names the buffers the target keeps in a per-thread scratch it allocates
+    itself (their cells are those of one thread's batch); the caller allocates the others."""
 
-    def __init__(self, etdg, storage=None):
+    def __init__(self, etdg, storage=None, local=None):
         self.buffers = list({id(b.resolve()): b.resolve() for b in etdg.buffers}.values())
         self.index = {id(b): k for k, b in enumerate(self.buffers)}
         self.storage = storage
+        self.local = dict(local or {})
 
     def slot(self, buf) -> int:
         return self.index[id(buf.resolve())]
 
+    def width(self, buf) -> int | None:
+        """The batch width of a local buffer's scratch; None for a buffer in global memory."""
+        return self.local.get(buf.resolve().name)
+
     def dims(self, buf) -> list:
         """The stored list dims: Lengths, or ints (a modulus; 1 for a dropped dim)."""
-        return self.storage.of(buf).cell_dims() if self.storage else list(buf.resolve().dims)
+        return self.storage.of(buf).cell_dims(self.width(buf)) if self.storage else list(buf.resolve().dims)
 
     def cell(self, buf, idx: list) -> list:
         """An element's index (C expressions per list dim) as its cell's: None for a dropped dim."""
         if not self.storage:
             return list(idx)
-        s = self.storage.of(buf)
-        return [s.cell_index(r, e) for r, e in enumerate(idx)]
+        s, width = self.storage.of(buf), self.width(buf)
+        return [s.cell_index(r, e, width) for r, e in enumerate(idx)]
+
+    def cells_shape(self, buf, params: dict) -> tuple:
+        """The shape of the buffer's cells (one thread's scratch for a local buffer), for the
+        lengths in `params`."""
+        return extents(self.dims(buf), params, buf.resolve().dims) + tuple(buf.resolve().element_shape)
 
     def shape(self, buf, params: dict) -> tuple:
-        """The array shape to allocate, for the lengths in `params`."""
-        return extents(self.dims(buf), params) + tuple(buf.resolve().element_shape)
+        """The array shape the caller allocates: the cells, nothing for a local buffer."""
+        return (0,) if self.width(buf) else self.cells_shape(buf, params)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import tempfile
 
-from polyft.errors import CompileError
+from polyft.errors import CompileError, OutOfMemoryError
 
 from .protocol import Runtime
 
@@ -85,7 +85,7 @@ class CtypesRuntime(Runtime):
         self.path = build(module.source, self.flags)
         self._lib = ctypes.CDLL(self.path)
         self._fn = self._lib.polyft_run
-        self._fn.restype = None
+        self._fn.restype = ctypes.c_int
         self._fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_long)]
 
     def bind(self, arrays: list, values: dict) -> tuple:
@@ -94,5 +94,7 @@ class CtypesRuntime(Runtime):
         params = (ctypes.c_long * max(1, len(self.module.params)))(*[int(values[p]) for p in self.module.params])
 
         def run():
-            self._fn((ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays]), params)
+            if self._fn((ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays]), params):
+                raise OutOfMemoryError("the generated C could not allocate its threads' scratch for local buffers",
+                                       op="run", where="generated C")
         return run, (lambda: None)

@@ -11,18 +11,26 @@ shape), in bytes:
 
     io_bytes                      inputs + outputs + constants (stored as they are)
     intermediate_full_bytes       intermediates with one element per instance (no contraction)
-    intermediate_allocated_bytes  intermediates as the contracted storage allocates them
-    total_full_bytes / total_allocated_bytes   io + the intermediates, before / after
+    intermediate_allocated_bytes  intermediates in memory shared by all threads, contracted
+    intermediate_local_bytes      intermediates placed "local": one thread's scratch, as the C
+                                  target allocates it (per thread, for its batch of iterations;
+                                  buffers never live at once share a region of it)
+    threads                       threads the C code runs (this machine's cores)
+    total_full_bytes              io + the intermediates uncontracted
+    total_allocated_bytes         io + allocated + threads x local
     ratio_full / ratio_allocated  total / io
 
-and what the generated code moves (deps.traffic.code_traffic on the scheduled, coarsened ETDG):
-it has no cache, so every access of every instance moves its tile. Contraction changes where an
-element is stored, not how often it is loaded or stored, so code_bytes_moved is the same with
-and without it: the code moves fewer bytes only if contracted buffers leave global memory
-(code_bytes_moved_local_on_chip: the accesses to intermediates placed "local" left out; the
-targets keep every buffer global). deferred_model_bytes is Table 7's deferred plan (deps.traffic
-.traffic on the ETDG as traced: an ideal cache, each source tile read once) at the same sizes.
-largest_intermediate names the intermediate with the most allocated bytes and its cells.
+and what the generated code moves (deps.traffic.code_traffic on the scheduled, coarsened ETDG).
+It has no cache of its own, so every access of every instance moves its tile:
+code_bytes_moved counts the accesses to shared memory (arrays all threads see), leaving out
+those to local buffers, which stay in a thread's scratch (cache-resident: per thread a few MB
+at most); code_bytes_moved_with_local counts every access. Contraction does not change how
+often an element is accessed, only where it lives. code_dram_bytes_ideal_cache is the same
+generated code under Table 7's rule (an ideal cache: each distinct tile of a shared buffer
+moves once, reads and writes), beside deferred_model_bytes, Table 7's deferred plan (deps.
+traffic.traffic on the ETDG as traced, every intermediate through DRAM) at the same sizes.
+largest_intermediate names the intermediate with the most bytes (shared, or per thread if
+local) and its cells.
 
 --quick and --paper both analyse both shapes (fast). Writes results/memory.csv (one row per
 workload and shape; `preset` names the workload preset of the shape, small or paper; with
@@ -55,10 +63,11 @@ from .deps_time import lengths
 
 SHAPES = ("small", "paper")
 COLUMNS = ["workload", "preset", "shape", "lengths", "io_bytes", "intermediate_full_bytes",
-           "intermediate_allocated_bytes", "total_full_bytes", "total_allocated_bytes", "ratio_full",
+           "intermediate_allocated_bytes", "intermediate_local_bytes", "threads", "total_full_bytes",
+           "total_allocated_bytes", "ratio_full",
            "ratio_allocated", "intermediates", "contracted", "largest_intermediate",
            "largest_intermediate_allocated_bytes", "largest_intermediate_cells", "code_bytes_moved",
-           "code_bytes_moved_local_on_chip", "deferred_model_bytes"]
+           "code_bytes_moved_with_local", "code_dram_bytes_ideal_cache", "deferred_model_bytes"]
 
 
 def _text(sizes: dict) -> str:
@@ -78,22 +87,36 @@ def measure(name: str, shape: str) -> dict:
     inter = mem[mem["role"] == "intermediate"]
     io = int(mem.loc[mem["role"] != "intermediate", "full_bytes"].sum())
     full, alloc = int(inter["full_bytes"].sum()), int(inter["allocated_bytes"].sum())
+    local = per_thread(inter)
+    threads = os.cpu_count()
+    total = io + alloc + threads * local
+    on_chip = set(inter.loc[inter["placement"] == "local", "buffer"])
     code = code_traffic(prog.etdg, sizes)
-    local = set(inter.loc[inter["placement"] == "local", "buffer"])
+    ideal = traffic(prog.etdg, sizes)
     row = dict(workload=name, preset=shape, shape=_text(mod.PRESETS[shape]), lengths=_text(sizes), io_bytes=io,
-               intermediate_full_bytes=full, intermediate_allocated_bytes=alloc, total_full_bytes=io + full,
-               total_allocated_bytes=io + alloc, ratio_full=(io + full) / io, ratio_allocated=(io + alloc) / io,
-               intermediates=len(inter), contracted=int((inter["allocated_bytes"] < inter["full_bytes"]).sum()),
+               intermediate_full_bytes=full, intermediate_allocated_bytes=alloc, intermediate_local_bytes=local,
+               threads=threads, total_full_bytes=io + full, total_allocated_bytes=total,
+               ratio_full=(io + full) / io, ratio_allocated=total / io, intermediates=len(inter),
+               contracted=int((inter["allocated_bytes"] + inter["local_bytes"] < inter["full_bytes"]).sum()),
                largest_intermediate="", largest_intermediate_allocated_bytes=0, largest_intermediate_cells="",
-               code_bytes_moved=code.bytes(),
-               code_bytes_moved_local_on_chip=code.bytes(exclude=local),
+               code_bytes_moved=code.bytes(exclude=on_chip), code_bytes_moved_with_local=code.bytes(),
+               code_dram_bytes_ideal_cache=sum(r.deferred_bytes for r in ideal.reads if r.buffer not in on_chip)
+               + sum(w.bytes for w in ideal.writes if w.buffer not in on_chip),
                deferred_model_bytes=traffic(prog.traced, sizes).bytes("deferred"))
     if len(inter):
-        top = inter.loc[inter["allocated_bytes"].idxmax()]
+        stored = inter["allocated_bytes"] + inter["local_bytes"]
+        top = inter.loc[stored.idxmax()]
         s = next(s for s in prog.storage.buffers.values() if s.buffer.name == top["buffer"])
-        row.update(largest_intermediate=top["buffer"], largest_intermediate_allocated_bytes=int(top["allocated_bytes"]),
-                   largest_intermediate_cells=f"{_dims(s.cell_dims())} of {_dims(s.buffer.dims)} ({s.placement})")
+        width = prog.local_width(s.buffer)
+        where = f"local, per thread, {width} iteration(s)" if width else "global"
+        row.update(largest_intermediate=top["buffer"], largest_intermediate_allocated_bytes=int(stored.max()),
+                   largest_intermediate_cells=f"{_dims(s.cell_dims(width))} of {_dims(s.buffer.dims)} ({where})")
     return row
+
+
+def per_thread(mem: pd.DataFrame) -> int:
+    """Bytes of one thread's scratch: per region (buffers that share it), its largest buffer."""
+    return int(mem[mem["region"] >= 0].groupby("region")["local_bytes"].max().sum())
 
 
 LARGE = {"B": 8, "NH": 16, "Lq": 4096, "Lk": 4096, "tq": 32, "tk": 32, "d": 128}
@@ -132,7 +155,8 @@ def large_flash_attention(out_dir: str) -> pd.DataFrame:
     io = int(mem.loc[mem["role"] != "intermediate", "full_bytes"].sum())
     df = pd.DataFrame([dict(workload="flash_attention", shape=_text(s), io_bytes=io,
                             total_full_bytes=int(mem["full_bytes"].sum()),
-                            total_allocated_bytes=int(mem["allocated_bytes"].sum()),
+                            total_allocated_bytes=int(mem["allocated_bytes"].sum()) + os.cpu_count() * per_thread(mem),
+                            local_bytes_per_thread=per_thread(mem),
                             peak_rss_bytes=int(peak * 2**20), machine_bytes=_machine_bytes(),
                             seconds_polyft_c=seconds, seconds_torch_sdpa=sdpa, rel_error_vs_sdpa=err,
                             threads=os.cpu_count(), torch_threads=torch.get_num_threads(), **meta())])
@@ -169,13 +193,16 @@ def table(df: pd.DataFrame) -> str:
     """The rows as text: MB of memory, GB moved."""
     lines = []
     for shape, g in df.groupby("preset", sort=False):
-        lines.append(f"{shape} shape: memory in MB (io = inputs + outputs), bytes moved in GB")
-        lines.append(f"{'workload':16s} {'io MB':>10s} {'full MB':>11s} {'alloc MB':>10s} {'full/io':>8s} "
-                     f"{'alloc/io':>8s} {'code GB':>9s} {'deferred GB':>11s}  largest intermediate (allocated)")
+        lines.append(f"{shape} shape: memory in MB (io = inputs + outputs; alloc = io + shared intermediates + "
+                     f"threads x local scratch), bytes moved in GB")
+        lines.append(f"{'workload':16s} {'io MB':>10s} {'full MB':>11s} {'alloc MB':>10s} {'local/thr MB':>12s} "
+                     f"{'full/io':>8s} {'alloc/io':>8s} {'code GB':>9s} {'ideal GB':>9s} {'deferred GB':>11s}  "
+                     f"largest intermediate (allocated)")
         for r in g.itertuples():
             lines.append(f"{r.workload:16s} {r.io_bytes / 1e6:10.3f} {r.total_full_bytes / 1e6:11.3f} "
-                         f"{r.total_allocated_bytes / 1e6:10.3f} {r.ratio_full:8.2f} {r.ratio_allocated:8.3f} "
-                         f"{r.code_bytes_moved / 1e9:9.3f} {r.deferred_model_bytes / 1e9:11.3f}  "
+                         f"{r.total_allocated_bytes / 1e6:10.3f} {r.intermediate_local_bytes / 1e6:12.3f} "
+                         f"{r.ratio_full:8.2f} {r.ratio_allocated:8.3f} {r.code_bytes_moved / 1e9:9.3f} "
+                         f"{r.code_dram_bytes_ideal_cache / 1e9:9.3f} {r.deferred_model_bytes / 1e9:11.3f}  "
                          f"{r.largest_intermediate or '-'} {r.largest_intermediate_cells}")
         lines.append("")
     return "\n".join(lines)

@@ -304,7 +304,7 @@ def plot_memory(df, out_dir) -> str:
         g = df[df["preset"] == shape].reset_index(drop=True)
         x = np.arange(len(g))
         ax.bar(x - 0.2, g["ratio_full"], 0.38, color="tab:gray", label="one element per instance (before)")
-        ax.bar(x + 0.2, g["ratio_allocated"], 0.38, color="tab:red", label="contracted (after)")
+        ax.bar(x + 0.2, g["ratio_allocated"], 0.38, color="tab:red", label="contracted, local buffers in each thread's scratch (after)")
         for i, r in g.iterrows():
             ax.text(i, max(r["ratio_full"], r["ratio_allocated"]) * 1.12,
                     f"{r['ratio_full']:.2f}x\n-> {r['ratio_allocated']:.2f}x", ha="center", va="bottom", fontsize=7)
@@ -321,8 +321,10 @@ def plot_memory(df, out_dir) -> str:
         ax.set_title(f"{shape} shape", fontsize=9.5)
         ax.grid(True, axis="y", which="major", alpha=0.3)
     axes[0][0].legend(fontsize=7.5, loc="upper left")
+    threads = ", ".join(str(t) for t in sorted(set(df["threads"]))) if "threads" in df else "?"
     fig.suptitle("Memory before and after storage contraction (auto schedule): total allocated bytes relative "
-                 "to inputs + outputs;\nlines at 1x, 1.1x (dotted) and 1.5x (dashed)", fontsize=10)
+                 f"to inputs + outputs\n(C target, {threads} threads' scratch); lines at 1x, 1.1x (dotted) and 1.5x "
+                 "(dashed)", fontsize=10)
     fig.text(0.01, 0.005, f"{', '.join(sorted(set(df['device'].astype(str))))}; commit "
              f"{', '.join(sorted(set(df['commit'].astype(str))))}; static analysis (prog.memory), nothing executed",
              fontsize=6.5, va="bottom", ha="left", color="dimgray")

@@ -127,6 +127,10 @@ class DeviceError(PolyftError):
     """No usable GPU, or a kernel launch that failed."""
 
 
+class OutOfMemoryError(PolyftError, MemoryError):
+    """Generated code could not allocate what it needs at run time."""
+
+
 def reraise_from_user_code(op: str, exc: BaseException) -> "PolyftError":
     """Turn a numpy error raised inside an eagerly run user function into a ShapeError.
 

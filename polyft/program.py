@@ -10,6 +10,7 @@ import pandas as pd
 from polyft.deps.analyze import analyze as dependences
 from polyft.deps.model import build
 from polyft.emit.c_statements import native_dtype
+from polyft.emit.c_target import CTarget
 from polyft.emit.targets import select
 from polyft.schedule.coarsen import coarsen as coarsen_etdg
 from polyft.schedule.schedule import make_schedule
@@ -25,7 +26,7 @@ class Program:
     """A traced program with its polyhedral model, dependences and schedule (§4.4–§5)."""
 
     def __init__(self, fn, args, schedule="auto", sizes=None, coarsen=None):
-        self._storage = None
+        self._storage = self._local = None
         self.fn = fn
         self.traced = trace(fn, *args)
         self.coarsen_log: list = []
@@ -50,20 +51,37 @@ class Program:
 
     def memory(self, sizes: dict | None = None) -> pd.DataFrame:
         """One row per buffer: role, full_bytes (one element per instance), allocated_bytes
-        (what is stored), placement and the ISL mapping element -> cell. `sizes` gives the
-        lengths the program was not built with (none for programs from concrete inputs)."""
+        (what is stored in memory shared by all threads), local_bytes (what one thread keeps
+        in its own scratch), placement, region (local buffers with one region number are never
+        live at once and share a place in the scratch, which holds the largest of them; -1 for
+        others) and the ISL mapping element -> cell. A local buffer is counted as the C target
+        keeps it: per thread, for batches of `local_width(buffer)` iterations. `sizes` gives
+        the lengths the program was not built with (none for programs from concrete inputs)."""
         env = _lengths(self.model, sizes)
+        widths = {s.buffer.name: self.local_width(s.buffer) for s in self.storage.buffers.values()
+                  if self.local_width(s.buffer)}
+        region = {name: j for j, group in enumerate(self.storage.regions(widths)) for name in group}
         rows = []
         for s in self.storage.buffers.values():
             buf = s.buffer
+            width = self.local_width(buf)
             elem = int(np.prod(buf.element_shape, dtype=np.int64)) * np.dtype(buf.dtype).itemsize
+            cells = int(np.prod(extents(s.cell_dims(width), env, buf.dims), dtype=np.int64)) * elem
+            mapping = s.mapping if width is None else s.local[width][1]
             rows.append(dict(buffer=buf.name, role=ROLES[buf.kind],
                              full_bytes=int(np.prod(extents(buf.dims, env), dtype=np.int64)) * elem,
-                             allocated_bytes=int(np.prod(extents(s.cell_dims(), env), dtype=np.int64)) * elem,
-                             placement=s.placement,
-                             mapping=str(s.mapping.gist_params(self.model.context)) if s.mapping is not None
+                             allocated_bytes=0 if width else cells, local_bytes=cells if width else 0,
+                             placement="local" if width else "global", region=region.get(buf.name, -1),
+                             mapping=str(mapping.gist_params(self.model.context)) if mapping is not None
                              else "identity"))
         return pd.DataFrame(rows)
+
+    def local_width(self, buf) -> int | None:
+        """How many iterations of its slot loop a thread's scratch for `buf` holds in the C
+        target's code (None: the buffer is in memory shared by all threads)."""
+        if self._local is None:
+            self._local = CTarget.local_widths(self.model, self.schedule, self.storage)
+        return self._local.get(buf.resolve().name)
 
     def __repr__(self):
         return f"<Program {self.etdg.signature()}, {self.schedule.kind} schedule>"
@@ -90,6 +108,11 @@ class CompiledProgram(Program):
         self.module = generator.generate(self.model, self.schedule, precision, self._storage)
         self.source, self.layout = self.module.source, self.module.layout
         self._run = runtime(self.module)
+
+    def local_width(self, buf) -> int | None:
+        """The batch width of `buf`'s per-thread scratch in the generated code (None: the
+        buffer is in the arrays the caller allocates)."""
+        return self.layout.width(buf)
 
     @property
     def host_driver(self) -> str:

@@ -17,13 +17,22 @@ most of those elements are dead most of the time. Over ISL, per intermediate buf
   its extent, a dim with no conflicting distance is dropped (modulus 1). The mapping is
   `isl.Map` element -> cell, checked with ISL before use: no two conflicting elements share a
   cell. Moduli are constants, so the contraction never depends on the lengths.
-* **placement.** A buffer whose elements are accessed within one iteration of the outermost
-  parallel loop around them (one C thread's tile call, one CUDA block) could live in local
-  memory ("local"); others must be global. Reported; the targets keep every buffer global.
+* **placement.** A buffer whose every element is accessed within one iteration of a parallel
+  loop (its *slot* dim, the outermost parallel loop around the accesses) is "local": a
+  thread (C) or block (CUDA) runs one iteration of that loop, or a batch of at most BATCH
+  consecutive ones when the target tiles it, the whole batch before the next, so it only
+  needs the cells of the elements live within one batch. Those get their own
+  successive-modulo contraction per batch width (`local[width]`: moduli and mapping for the
+  conflicts between elements whose slot times differ by less than the width, checked like
+  the global one), a scratch per thread. Other buffers are "global": one array shared by
+  all threads. A target may still keep a local buffer global (`moduli` are valid either way).
+* **sharing.** Local buffers whose elements are never live at once within a batch (a layer's
+  outputs, dead once the next layer has read them, and the layer after next's) may start at
+  one address of the scratch: `Storage.regions` groups them, each pair checked with ISL.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import islpy as isl
 
@@ -33,29 +42,45 @@ from polyft.errors import PolyftError
 
 from .schedule import Schedule
 
+BATCH = 16  # consecutive iterations of a parallel loop that one thread (C) or block (CUDA) runs at once
+
 
 @dataclass
 class BufferStorage:
     """How one buffer is stored: `moduli[r]` per list dim r (None: the full extent, k: the
-    index mod k, 1: dropped), the ISL mapping element -> cell, and the placement."""
+    index mod k, 1: dropped) and the ISL mapping element -> cell of one global array; for a
+    "local" buffer also those of one thread's scratch, `local[width]` = (moduli, mapping)
+    for batches of 1 and of BATCH consecutive iterations of time dim `slot_dim`."""
 
     buffer: object  # etdg.Buffer
     moduli: tuple
     mapping: isl.Map | None  # None: stored as is (inputs, outputs, constants)
     placement: str  # "global" | "local"
     live: isl.Map | None = None  # element -> time of each access (write and reads)
+    written: isl.Map | None = None  # element -> time of its write
+    slot_dim: int | None = None  # local: the parallel time dim whose iteration owns each element
+    local: dict | None = None  # local: batch width (1, BATCH) -> (moduli, isl.Map)
 
     @property
     def contracted(self) -> bool:
         return any(m is not None for m in self.moduli)
 
-    def cell_dims(self) -> list:
-        """The stored list dims: a Length (the full extent) or an int (a modulus)."""
-        return [n if m is None else m for n, m in zip(self.buffer.dims, self.moduli)]
+    def _moduli(self, width: int | None) -> tuple:
+        if width is None:
+            return self.moduli
+        if self.local is None or width not in self.local:
+            raise PolyftError(f"buffer {self.buffer.name} is {self.placement}: no local storage for batches of "
+                              f"{width}", op="storage")
+        return self.local[width][0]
 
-    def cell_index(self, r: int, expr: str) -> str | None:
+    def cell_dims(self, width: int | None = None) -> list:
+        """The stored list dims of the global array (width None) or of one thread's scratch
+        for batches of `width` iterations: a Length (the full extent) or an int (a modulus)."""
+        return [n if m is None else m for n, m in zip(self.buffer.dims, self._moduli(width))]
+
+    def cell_index(self, r: int, expr: str, width: int | None = None) -> str | None:
         """The C index of list dim r for the element index `expr`; None for a dropped dim."""
-        m = self.moduli[r]
+        m = self._moduli(width)[r]
         return expr if m is None else None if m == 1 else f"(({expr}) % {m})"
 
 
@@ -65,6 +90,36 @@ class Storage:
 
     buffers: dict  # buffer name -> BufferStorage
     contract: bool
+    schedule: Schedule | None = None
+    context: isl.Set | None = None
+    _apart: dict = field(default_factory=dict)  # (name, name, width) -> never live at once
+
+    def regions(self, widths: dict) -> list:
+        """Local buffers (name -> batch width) in groups that can start at one address of a
+        thread's scratch: within a batch, no element of one is live while an element of
+        another in its group is (same slot dim and width; checked pairwise with ISL)."""
+        groups = []
+        for name, width in widths.items():
+            group = next((g for g in groups if all(self.apart(name, other, width) for other in g)), None)
+            if group is None:
+                groups.append([name])
+            else:
+                group.append(name)
+        return groups
+
+    def apart(self, a: str, b: str, width: int) -> bool:
+        """Buffers a and b (local, batches of `width`) never have elements live at once."""
+        key = (a, b, width)
+        if key not in self._apart:
+            sa, sb = self.buffers[a], self.buffers[b]
+            if sa.slot_dim is None or sa.slot_dim != sb.slot_dim:
+                self._apart[key] = False
+            else:
+                before = batch_before(self.schedule, sa.slot_dim)
+                both = overlapping(sa.live, sa.written, sb.live, sb.written, before)
+                near = same_batch(sa.live, self.schedule, sa.slot_dim, width, sb.live)
+                self._apart[key] = both.intersect(near).intersect_params(self.context).is_empty()
+        return self._apart[key]
 
     def of(self, buf) -> BufferStorage:
         return self.buffers[buf.resolve().name]
@@ -78,14 +133,22 @@ class Storage:
             lines.append(f"{s.buffer.name}: {s.placement}, cells {_dims_text(s.cell_dims())} "
                          f"of {_dims_text(s.buffer.dims)}")
             lines.append(f"  mapping  {g(s.mapping)}")
+            for width, (_, m) in (s.local or {}).items():
+                lines.append(f"  local    cells {_dims_text(s.cell_dims(width))} per thread running {width} "
+                             f"iteration(s) of time dim {s.slot_dim} at once: {g(m)}")
             if s.live is not None:
                 lines.append(f"  accessed {g(s.live)}")
         return "\n".join(lines) or "no intermediate buffers"
 
 
-def extents(dims, lengths: dict) -> tuple:
-    """Stored dims (cell_dims, or a buffer's dims) as integers, for the given lengths."""
-    return tuple(n if isinstance(n, int) else n.evaluate(lengths) for n in dims)
+def extents(dims, lengths: dict, full=None) -> tuple:
+    """Stored dims (cell_dims, or a buffer's dims) as integers, for the given lengths. With
+    the buffer's dims `full`, a modulus larger than its dim's extent is cut to the extent
+    (the index, below the extent, is its own remainder)."""
+    out = tuple(n if isinstance(n, int) else n.evaluate(lengths) for n in dims)
+    if full is None:
+        return out
+    return tuple(min(m, n) if isinstance(d, int) else m for m, n, d in zip(out, extents(full, lengths), dims))
 
 
 def _dims_text(dims) -> str:
@@ -116,6 +179,23 @@ def happens_before(schedule: Schedule) -> isl.Map:
     return before.coalesce()
 
 
+def batch_before(schedule: Schedule, k: int) -> isl.Map:
+    """t -> t' in one batch of iterations of the parallel time dim k (a thread or block runs
+    the batch statement by statement, all its iterations at once: as if dim k were innermost),
+    where t runs strictly before t': equal up to a sequential dim after k where t is smaller;
+    dim k itself is ignored (iterations in one call run at once)."""
+    space = _time_space(schedule)
+    before = isl.Map.empty(isl.Space.map_from_domain_and_range(space, space))
+    for j in range(k + 1, len(schedule.parallel)):
+        if not schedule.parallel[j]:
+            same = isl.Map.universe(before.get_space())
+            for i in range(j):
+                if i != k:
+                    same = same.equate(isl.dim_type.in_, i, isl.dim_type.out, i)
+            before = before.union(same.order_lt(isl.dim_type.in_, j, isl.dim_type.out, j))
+    return before.coalesce()
+
+
 def buffer_times(model: PolyModel, schedule: Schedule, name: str) -> tuple:
     """(write times, access times) of buffer `name`: element -> time, writes and reads."""
     def times(um) -> list:
@@ -130,12 +210,18 @@ def buffer_times(model: PolyModel, schedule: Schedule, name: str) -> tuple:
     return write, union([write, *times(model.reads)]).coalesce()
 
 
-def conflicts(write: isl.Map, access: isl.Map, before: isl.Map) -> isl.Map:
-    """Pairs of distinct elements whose live ranges overlap: some access of each is not
-    before the write of the other."""
+def overlapping(access1: isl.Map, write1: isl.Map, access2: isl.Map, write2: isl.Map, before: isl.Map) -> isl.Map:
+    """e1 -> e2 (elements of two buffers, or of one) whose live ranges overlap: some access of
+    each is not before the write of the other."""
     not_before = isl.Map.universe(before.get_space()).subtract(before)
-    late = access.apply_range(not_before).apply_range(write.reverse())  # e1 -> e2: e1 still used at e2's write
-    both = late.intersect(late.reverse())
+    late12 = access1.apply_range(not_before).apply_range(write2.reverse())  # e1 still used at e2's write
+    late21 = access2.apply_range(not_before).apply_range(write1.reverse())
+    return late12.intersect(late21.reverse())
+
+
+def conflicts(write: isl.Map, access: isl.Map, before: isl.Map) -> isl.Map:
+    """Pairs of distinct elements whose live ranges overlap."""
+    both = overlapping(access, write, access, write, before)
     same = isl.Map.identity(both.get_space())
     return both.subtract(same).coalesce()
 
@@ -175,9 +261,10 @@ def check(name: str, conflict: isl.Map, cells: isl.Map, context: isl.Set) -> Non
                           f"cell: {bad.sample()}", op="storage")
 
 
-def placement(access: isl.Map, schedule: Schedule) -> str:
-    """"local" when every element is accessed within one iteration of the outermost parallel
-    loop around its accesses (the time vectors agree up to and including that dim)."""
+def slot_dim(access: isl.Map, schedule: Schedule) -> int | None:
+    """The time dim k of the outermost parallel loop around the accesses when every element
+    is accessed within one iteration of it (the time vectors agree up to and including k):
+    the buffer can be local to that loop's iterations. None: it must be global."""
     times = access.range()
     space = _time_space(schedule)
     for k, par in enumerate(schedule.parallel):
@@ -186,8 +273,20 @@ def placement(access: isl.Map, schedule: Schedule) -> str:
         lo, hi = times.dim_min_val(k), times.dim_max_val(k)
         if lo.is_infty() or hi.is_infty() or lo.is_nan() or hi.is_nan() or lo.ne(hi):  # a loop
             pairs = access.reverse().apply_range(access)  # times at which one element is accessed
-            return "local" if pairs.is_subset(_same_prefix(space, k + 1)) else "global"
-    return "global"
+            return k if pairs.is_subset(_same_prefix(space, k + 1)) else None
+    return None
+
+
+def same_batch(access: isl.Map, schedule: Schedule, k: int, width: int, other: isl.Map | None = None) -> isl.Map:
+    """e1 -> e2 (of `access`'s buffer, or e2 of `other`'s) whose accesses may fall in one batch
+    of one thread: time dims before k equal, dim k less than `width` apart (a batch is at
+    most `width` consecutive iterations)."""
+    space = _time_space(schedule)
+    n = space.dim(isl.dim_type.set)
+    ins, outs = [f"i{j}" for j in range(n)], [f"o{j}" for j in range(n)]
+    near = isl.Map(f"{{ [{', '.join(ins)}] -> [{', '.join(outs)}] : -{width} < o{k} - i{k} < {width} }}")
+    near = near.align_params(space).intersect(_same_prefix(space, k))
+    return access.apply_range(near).apply_range((access if other is None else other).reverse())
 
 
 def storage_mapping(model: PolyModel, schedule: Schedule, contract: bool = True) -> Storage:
@@ -202,12 +301,23 @@ def storage_mapping(model: PolyModel, schedule: Schedule, contract: bool = True)
             continue
         write, access = buffer_times(model, schedule, b.name)
         conflict = conflicts(write, access, before)
-        moduli = successive_moduli(conflict, model.context)
-        moduli = tuple(None if m is not None and _at_least(n, m, model.sizes) else m for n, m in zip(b.dims, moduli))
-        cells = mapping(b.name, moduli, model.params)
-        check(b.name, conflict, cells, model.context)
-        out[b.name] = BufferStorage(b, moduli, cells, placement(access, schedule), access)
-    return Storage(out, contract)
+        moduli, cells = _contract(b, conflict, model)
+        k = slot_dim(access, schedule)
+        if k is None:
+            out[b.name] = BufferStorage(b, moduli, cells, "global", access, write)
+            continue
+        local = {w: _contract(b, conflict.intersect(same_batch(access, schedule, k, w)), model) for w in (1, BATCH)}
+        out[b.name] = BufferStorage(b, moduli, cells, "local", access, write, k, local)
+    return Storage(out, contract, schedule, model.context)
+
+
+def _contract(b, conflict: isl.Map, model: PolyModel) -> tuple:
+    """(moduli, checked ISL mapping) separating the conflicting elements of buffer b."""
+    moduli = successive_moduli(conflict, model.context)
+    moduli = tuple(None if m is not None and _at_least(n, m, model.sizes) else m for n, m in zip(b.dims, moduli))
+    cells = mapping(b.name, moduli, model.params)
+    check(b.name, conflict, cells, model.context)
+    return moduli, cells
 
 
 def _at_least(n, m: int, sizes: dict) -> bool:

@@ -113,13 +113,16 @@ def test_console_script():
 
 def test_inspect_storage_shows_the_contracted_gates_and_bytes(capsys):
     """--storage: the stacked LSTM's gates keep one tile per (sentence, layer), not per step;
-    with concrete sizes the bytes per buffer follow, without them a hint."""
+    local to a wavefront cell, a thread's scratch keeps those of one layer (the C target's
+    placement); with concrete sizes the bytes per buffer follow, without them a hint."""
     assert main(["inspect", "stacked_lstm", "--storage", "--size", "N=2,D=3,L=5"]) == 0
     out = capsys.readouterr().out.split("storage (intermediate buffers")[1]
     gates = next(line for line in out.splitlines() if "cells" in line)
     assert gates.endswith("cells [N, D, 1, 4] of [N, D, L, 4]"), gates
     table = out.split("full_bytes")[1]
     row = next(line.split() for line in table.splitlines() if line.split()[:1] == [gates.split(":")[0]])
-    assert row[1] == "intermediate" and int(row[2]) == 5 * int(row[3])  # L = 5 steps in 1 cell
+    assert "local    cells [N, 1, 1, 4] per thread running 1 iteration(s)" in out
+    assert row[1] == "intermediate" and int(row[3]) == 0 and row[5] == "local"
+    assert int(row[2]) == 3 * 5 * int(row[4])  # D = 3 layers, L = 5 steps in 1 cell
     assert main(["inspect", "stacked_lstm", "--storage"]) == 0
     assert "give concrete --size for D, L, N" in capsys.readouterr().out

@@ -207,18 +207,19 @@ def test_unknown_target():
 
 # -- OpenMP pragmas --------------------------------------------------------------------------
 PRAGMA = "#pragma omp parallel for"
+PRAGMAS = (PRAGMA, "#pragma omp for")  # the second inside a `#pragma omp parallel` region (local buffers)
 
 
 def run_loops(source):
     """The loops of `polyft_run`: (nesting level, iterator, header, marked parallel)."""
     lines = source.splitlines()
-    start = next(k for k, line in enumerate(lines) if line.startswith("void polyft_run"))
+    start = next(k for k, line in enumerate(lines) if line.startswith("int polyft_run"))
     out = []
     for k in range(start, len(lines)):
         m = re.match(r"^( *)for \(long (c\d+) = ", lines[k])
         if m:
             prev = lines[k - 1].strip()
-            out.append((len(m.group(1)), m.group(2), lines[k].strip(), prev == PRAGMA))
+            out.append((len(m.group(1)), m.group(2), lines[k].strip(), prev in PRAGMAS))
     levels = sorted({indent for indent, *_ in out})
     return [(levels.index(indent), it, header, par) for indent, it, header, par in out]
 
@@ -254,8 +255,10 @@ def test_pragmas_mark_parallel_loops_only(name, schedule):
     src = prog.source
     lines = src.splitlines()
     for k, line in enumerate(lines):
-        if line.strip() == PRAGMA:
+        if line.strip() in PRAGMAS:
             assert re.match(r"^ *for \(long c\d+ = ", lines[k + 1]), lines[k + 1]
+        if line.strip() == "#pragma omp parallel":  # a region whose threads run one loop
+            assert lines[k + 1].strip() == "{" and lines[k + 2].strip() == "ctx_t ft_own = ctx;", lines[k:k + 3]
     loops = run_loops(src)
     assert any(par for *_, par in loops), "every workload has a parallel batch dimension"
     par_flags = prog.schedule.parallel

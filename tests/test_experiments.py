@@ -205,14 +205,28 @@ def test_memory_rows_and_plot(tmp_path):
     assert list(got.columns) == memory.COLUMNS + ["device", "commit", "date"]
     assert len(got) == len(df) == 2 * len(WORKLOADS)
     assert set(zip(got["workload"], got["preset"])) == {(w, p) for w in WORKLOADS for p in ("small", "paper")}
-    assert (got["intermediate_allocated_bytes"] <= got["intermediate_full_bytes"]).all()
-    assert (got["total_allocated_bytes"] <= got["total_full_bytes"]).all()
+    assert (got["intermediate_allocated_bytes"] + got["intermediate_local_bytes"]
+            <= got["intermediate_full_bytes"]).all()
     assert (got["total_full_bytes"] == got["io_bytes"] + got["intermediate_full_bytes"]).all()
+    assert (got["total_allocated_bytes"] == got["io_bytes"] + got["intermediate_allocated_bytes"]
+            + got["threads"] * got["intermediate_local_bytes"]).all()
     assert np.allclose(got["ratio_allocated"], got["total_allocated_bytes"] / got["io_bytes"])
     assert (got["ratio_allocated"] >= 1).all()
-    # contraction moves where elements live, not how often the code loads and stores them
-    assert (got["code_bytes_moved_local_on_chip"] <= got["code_bytes_moved"]).all()
-    lstm = got[(got["workload"] == "stacked_lstm") & (got["preset"] == "paper")].iloc[0]
+    # at the paper's shapes, with 2 threads' scratch (this CI machine's): flash attention and
+    # the stacked LSTM within 1.1 x inputs + outputs, every workload within 1.5 x (at the small
+    # shapes a thread's batch is the whole problem, so threads x scratch may exceed it)
+    paper = got[got["preset"] == "paper"].set_index("workload")
+    two = (paper["io_bytes"] + paper["intermediate_allocated_bytes"] + 2 * paper["intermediate_local_bytes"]) \
+        / paper["io_bytes"]
+    assert (two <= 1.5).all() and (two[["flash_attention", "stacked_lstm"]] <= 1.1).all(), two
+    assert (paper["total_allocated_bytes"] < paper["total_full_bytes"]).sum() >= 4
+    # contraction moves where elements live, not how often the code loads and stores them;
+    # local buffers keep their accesses out of shared memory; an ideal cache moves less still
+    assert (got["code_bytes_moved"] <= got["code_bytes_moved_with_local"]).all()
+    assert (got["code_dram_bytes_ideal_cache"] <= got["code_bytes_moved"]).all()
+    fa = paper.loc["flash_attention"]
+    assert fa["code_dram_bytes_ideal_cache"] == fa["io_bytes"] <= fa["deferred_model_bytes"]
+    lstm = paper.loc["stacked_lstm"]
     assert lstm["ratio_allocated"] < lstm["ratio_full"] and lstm["contracted"] >= 1
     assert (got["deferred_model_bytes"] > 0).all()
     assert str(tmp_path / "memory.png") in plot.run(str(tmp_path))

@@ -164,9 +164,10 @@ def lives(instances, name) -> Lives:
     return Lives(write, dict(access))
 
 
-def overlap_violations(lv: Lives, moduli, parallel) -> list:
+def overlap_violations(lv: Lives, moduli, parallel, together=None) -> list:
     """(a) Pairs of distinct elements in one cell whose live ranges overlap: e1's live range
-    ends before e2's begins when every access of e1 happens before e2's write."""
+    ends before e2's begins when every access of e1 happens before e2's write. `together(e1,
+    e2)` limits the pairs to those stored in one place (a thread's scratch)."""
     cells = defaultdict(list)
     for e in lv.write:
         cells[cell_of(e, moduli)].append(e)
@@ -178,8 +179,24 @@ def overlap_violations(lv: Lives, moduli, parallel) -> list:
     for c, es in cells.items():
         for i, e1 in enumerate(es):
             for e2 in es[i + 1:]:
-                if not done_before(e1, e2) and not done_before(e2, e1):
+                if (together is None or together(e1, e2)) and not done_before(e1, e2) and not done_before(e2, e1):
                     bad.append((c, e1, lv.access[e1], e2, lv.access[e2]))
+    return bad
+
+
+def local_violations(lv: Lives, s, parallel, local=None) -> list:
+    """(d) A buffer placed "local" to the iterations of time dim k = s.slot_dim: every
+    element's accesses share the time prefix up to k (one iteration), and per batch width w
+    (a thread runs w consecutive iterations of dim k at once, the batch before the next),
+    elements whose iterations may share a batch (equal before k, less than w apart at k)
+    never share a scratch cell while both are live. `local` overrides s.local's moduli."""
+    k = s.slot_dim
+    bad = [("premise", e, acc) for e, acc in lv.access.items() if len({t[:k + 1] for t, _ in acc}) != 1]
+    for width, moduli in (local or {w: m for w, (m, _) in s.local.items()}).items():
+        def together(e1, e2, width=width):
+            t1, t2 = lv.write[e1][0], lv.write[e2][0]
+            return t1[:k] == t2[:k] and abs(t1[k] - t2[k]) < width
+        bad += [("overlap", width, *v) for v in overlap_violations(lv, moduli, parallel, together)]
     return bad
 
 
@@ -209,6 +226,34 @@ def simulation_violations(instances, stored: dict, parallel) -> list:
             for t2, k2, e2, w2 in ts[i + 1:]:
                 if k1 != k2 and (w1 or w2) and concurrent(t1, t2, parallel):
                     bad.append(("race", buf, c, (k1, t1, e1, w1), (k2, t2, e2, w2)))
+    return bad
+
+
+def batch_before(t, u, k, parallel) -> bool:
+    """t before u inside one batch of iterations of the parallel dim k, which a thread runs
+    statement by statement for all its iterations at once: dim k is ignored, then the rule
+    of `before`."""
+    return before(t[:k] + t[k + 1:], u[:k] + u[k + 1:], parallel[:k] + parallel[k + 1:])
+
+
+def sharing_violations(instances, storage, groups, width, parallel) -> list:
+    """(e) Local buffers in one scratch region (`groups`, for batches of `width`): no element
+    of one may be live while an element of another is, when both may be in one batch (equal
+    time prefix before the slot dim k, less than `width` apart at k). e1's live range ends
+    before e2's begins when every access of e1 is batch-before e2's write."""
+    bad = []
+    for group in groups:
+        for i, a in enumerate(group):
+            for b in group[i + 1:]:
+                k = storage.buffers[a].slot_dim
+                la, lb = lives(instances, a), lives(instances, b)
+                for ea, (wa, _) in la.write.items():
+                    for eb, (wb, _) in lb.write.items():
+                        if wa[:k] != wb[:k] or abs(wa[k] - wb[k]) >= width:
+                            continue
+                        if not all(batch_before(t, wb, k, parallel) for t, _ in la.access[ea]) and \
+                                not all(batch_before(t, wa, k, parallel) for t, _ in lb.access[eb]):
+                            bad.append((a, ea, la.access[ea], b, eb, lb.access[eb]))
     return bad
 
 
@@ -261,7 +306,20 @@ def check_storage(prog, inputs, moduli=None) -> dict:
             bad = mapping_disagreements(s, list(lv.write), prog.model.context)
             problems += [f"(c) {name}{list(e)}: ISL maps it to {got}, the moduli {s.moduli} to {want}"
                          for e, got, want in bad[:3]]
+        if s.placement == "local":
+            assert set(s.local) == {1, 16} and s.slot_dim is not None and parallel[s.slot_dim], name
+            problems += [f"(d) {name}: {v}" for v in local_violations(lv, s, parallel)[:3]]
+            for width, (mod_w, _) in s.local.items():
+                bad = mapping_disagreements(dataclasses.replace(s, moduli=mod_w, mapping=s.local[width][1]),
+                                            list(lv.write), prog.model.context)
+                problems += [f"(c) {name}{list(e)} local {width}: ISL maps it to {got}, the moduli to {want}"
+                             for e, got, want in bad[:3]]
     problems += [f"(b) {v}" for v in simulation_violations(instances, stored, parallel)[:3]]
+    local = [n for n, s in prog.storage.buffers.items() if s.placement == "local"]
+    for width in (1, 16):
+        groups = prog.storage.regions({n: width for n in local})
+        assert sorted(n for g in groups for n in g) == sorted(local)
+        problems += [f"(e) {v}" for v in sharing_violations(instances, prog.storage, groups, width, parallel)[:3]]
     assert not problems, (f"{prog.schedule.kind} schedule, time dims "
                           f"{['par' if p else 'seq' for p in parallel]}:\n" + "\n".join(problems))
     return stored
@@ -323,6 +381,12 @@ def test_checker_catches_a_bad_mapping():
         es = list(lv.write)
         assert not mapping_disagreements(s, es, prog.model.context)
         assert mapping_disagreements(wrong, es, prog.model.context), str(wrong.mapping)
+        # (d): local to the iterations of the coarsened (b, h, q) loop: one iteration keeps the
+        # two live states of its query tile; a batch of 16 (all 8 here) keeps every tile's
+        assert s.placement == "local" and s.local[1][0] == (1, 1, 1, 2) and s.local[16][0] == s.moduli, s.local
+        assert not local_violations(lv, s, parallel)
+        for spoiled in ({1: (1, 1, 1, 1)}, {16: (1, 1, None, 2)}, {16: (None, None, 1, 2)}):
+            assert local_violations(lv, s, parallel, spoiled), spoiled
 
 
 def test_checker_catches_a_stale_read():
@@ -520,14 +584,20 @@ def test_workload_compiled_contracted_equals_eager(name, schedule, target):
             err = rel_error(prog(*fresh), mod.program(*fresh))
             assert err < TOL, f"contract={contract}: relative error {err:.2e}"
         mem = prog.memory()
-        assert list(mem.columns) == ["buffer", "role", "full_bytes", "allocated_bytes", "placement", "mapping"]
-        assert (mem.allocated_bytes <= mem.full_bytes).all()
+        assert list(mem.columns) == ["buffer", "role", "full_bytes", "allocated_bytes", "local_bytes", "placement",
+                                     "region", "mapping"]
+        assert (mem.allocated_bytes + mem.local_bytes <= mem.full_bytes).all()
         rows = mem.set_index("buffer")
         for b in prog.layout.buffers:  # what the program allocates is what memory() reports
             if b.kind == "intermediate":
-                stored = int(np.prod(prog.layout.shape(b, {}))) * np.dtype(b.dtype).itemsize
-                assert stored == rows.loc[b.name].allocated_bytes, (b.name, prog.layout.dims(b))
-        allocated[contract] = int(mem.allocated_bytes.sum())
+                row = rows.loc[b.name]
+                cells = int(np.prod(prog.layout.cells_shape(b, {}))) * np.dtype(b.dtype).itemsize
+                given = int(np.prod(prog.layout.shape(b, {}))) * np.dtype(b.dtype).itemsize  # by the caller
+                local = prog.layout.width(b) is not None
+                assert row.placement == ("local" if local else "global")
+                assert (row.local_bytes, row.allocated_bytes, given) == ((cells, 0, 0) if local else (0, cells, cells))
+        assert not contract or target != "c" or (mem.placement == "local").sum() >= (name in STRICTLY_SMALLER)
+        allocated[contract] = int(mem.allocated_bytes.sum() + mem.local_bytes.sum())
     assert allocated[True] <= allocated[False]
     if name in STRICTLY_SMALLER:
         assert allocated[True] < allocated[False], allocated
@@ -661,3 +731,53 @@ def test_peak_memory_follows_the_live_set():
     assert full["err"] < 1e-4, full
     assert full["intermediate"] >= HISTORY, full
     assert full["growth"] > HISTORY, full
+
+
+# -- local buffers in the C target: a scratch per thread -------------------------------------
+def test_flash_attention_states_live_in_each_threads_scratch():
+    """At 256 query tiles (16 batches of 16), the online-softmax states and the scaled
+    queries are local: the caller allocates nothing for them, a thread's scratch keeps the
+    query tiles of its batch (within 2 batches and 2 heads) x 2 live states, a quarter of
+    the shared contracted storage, and the result equals eager."""
+    mod = WORKLOADS["flash_attention"]
+    shape = dict(B=4, NH=4, Lq=64, Lk=24, tq=4, tk=4, d=8)
+    prog = ft.compile(mod.program, *mod.inputs("small", seed=30, **shape), target="c")
+    mem = prog.memory().set_index("buffer")
+    inter = mem[mem.role == "intermediate"]
+    assert (inter.placement == "local").all() and (inter.allocated_bytes == 0).all(), inter
+    states = [n for n in inter.index if prog.storage.buffers[n].moduli[-1:] == (2,)]
+    assert len(states) == 3
+    for name in states:
+        s = prog.storage.buffers[name]
+        b = s.buffer
+        tile = int(np.prod(b.element_shape)) * 4
+        assert prog.layout.width(b) == 16 and prog.layout.shape(b, {}) == (0,)
+        assert s.moduli == (None, None, None, 2) and s.local[16][0] == (2, 2, None, 2), s.local
+        shared = 4 * 4 * 16 * 2 * tile  # B x NH x TQ x 2 states, contracted in shared memory
+        assert inter.loc[name].local_bytes == 2 * 2 * 16 * 2 * tile == shared // 4
+    assert "#pragma omp parallel\n" in prog.source and "ft_scratch" in prog.source
+    for seed in (31, 32):
+        fresh = mod.inputs("small", seed=seed, **shape)
+        assert rel_error(prog(*fresh), mod.program(*fresh)) < TOL
+
+
+def test_dilated_rnn_layers_share_scratch_regions(monkeypatch):
+    """A dilated layer's outputs are dead once the next layer has read them: the outputs of
+    layers 0 and 2 start at one address of a thread's scratch. The compiled result equals
+    eager; with every local buffer forced into one region it does not (the test can fail)."""
+    mod = WORKLOADS["dilated_rnn"]
+    inputs = mod.inputs("small", seed=33)
+    prog = ft.compile(mod.program, *inputs, target="c")
+    mem = prog.memory()
+    local = mem[mem.placement == "local"]
+    sizes = local.groupby("region").size()
+    assert (sizes >= 2).any() and len(sizes) < len(local), local
+    per_thread = int(local.groupby("region").local_bytes.max().sum())
+    assert per_thread < int(local.local_bytes.sum())
+    assert rel_error(prog(*inputs), mod.program(*inputs)) < TOL
+
+    from polyft.schedule.storage import Storage
+    monkeypatch.setattr(Storage, "regions", lambda self, widths: [list(widths)])
+    spoiled = ft.compile(mod.program, *inputs, target="c")
+    assert "ft_region1" not in spoiled.source
+    assert rel_error(spoiled(*inputs), mod.program(*inputs)) > TOL
