@@ -1,6 +1,7 @@
 """A block's shared-memory arena: the CUDA target keeps the tiles of a statement in one array
 of dynamic shared memory, each placed at the first gap that fits and free again once the
-operation that reads it last has passed its barrier."""
+operation that reads it last has passed its barrier. The block's local buffers follow the
+largest arena of any statement in the same array (emit.cuda_target)."""
 from __future__ import annotations
 
 SHARED_LIMIT = 227 * 1024  # the most a block may opt in to (sm_90); the runtime checks its own GPU
@@ -8,11 +9,12 @@ SHARED_LIMIT = 227 * 1024  # the most a block may opt in to (sm_90); the runtime
 
 def declaration(size: int) -> str:
     """The arena `ft_arena` in CUDA: dynamic shared memory sized at launch, or, emulated (no
-    launches to size it), a static array of `size` bytes."""
+    launches to size it), a static array of `size` bytes. 64-byte aligned: the CUDA target
+    places the regions of local buffers after the tiles at 64-byte multiples."""
     return f"""#ifdef FT_EMULATED
-static __align__(32) unsigned char ft_arena[{size}];
+static __align__(64) unsigned char ft_arena[{size}];
 #else
-extern __shared__ __align__(32) unsigned char ft_arena[];
+extern __shared__ __align__(64) unsigned char ft_arena[];
 #endif"""
 
 

@@ -12,7 +12,7 @@ import islpy as isl
 from polyft.errors import CompileError
 
 from .c_family import StatementCalls
-from .isl_ast import children, loop_key, names, to_cgen, upper_bound
+from .isl_ast import call_loops, children, loop_key, names, to_cgen, upper_bound
 
 _PY_OPS = {isl.ast_expr_op_type.add: "+", isl.ast_expr_op_type.sub: "-", isl.ast_expr_op_type.mul: "*",
            isl.ast_expr_op_type.div: "//", isl.ast_expr_op_type.fdiv_q: "//",
@@ -54,6 +54,8 @@ class HostDriver:
         self.tiles, self.tb = tiles, tb
         self.statement = StatementCalls("c")
         self.kernels = []  # (k, arguments, body lines) of kernel polyft_k<k>
+        self.grids = []  # per kernel: the time dims of its grid's loops (none: a grid of 1), and
+        self.called = []  # the names of the statements it calls
         self.host = []
         self.host_lines(ast, 1, [])
 
@@ -122,6 +124,8 @@ class HostDriver:
         code = to_cgen(body, [False] * len(self.parallel), self.statement, lambda loop: loop,
                        tiles=self.tiles, tile=tile)
         args = [cgen.Value("const ctx_t* __restrict__", "c")]
+        self.grids.append([int(it[1:]) for it in its])
+        self.called.append({name for name, _ in call_loops(body)})
         args += [cgen.Value("const long", f"lo{d}") for d in range(len(its))]
         args += [cgen.Value("const long", f"n{d}") for d, tl in enumerate(tiled) if tl]
         args += [cgen.Value("const long", o) for o in outer]

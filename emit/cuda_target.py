@@ -7,28 +7,45 @@
   threads of the block execute cooperatively (emit.cuda_statements), its tiles in the
   block's shared-memory arena (emit.cuda_arena). Runs of elementwise operations are fused
   into one pass whose intermediate values stay in registers (the GEMM epilogues: bias, gates).
-* Storage: every buffer stays in global memory, contracted by its shared mapping; buffers the
-  storage places "local" are not moved on chip yet (flash attention's state for a block's 16
-  query tiles, 512 KB, would not fit in shared memory).
+* Storage: buffers stay in global memory, contracted by their shared mapping, except the
+  buffers the storage places "local" that a block can keep in its own shared memory: every
+  element of such a buffer is read and written within one iteration of a parallel loop (its
+  slot dim), so when a kernel's 1-D grid is that loop, each block owns the elements of its
+  iteration (or of its batch of `tb` iterations: the moduli for BATCH, which cover any tb <=
+  BATCH), no other block ever sees them, and they die before the block ends. Those buffers
+  (every statement touching one called in that one kernel; `local_places`) live after the
+  arena in the block's dynamic shared memory, 64-byte aligned, each group of buffers never
+  live at once (Storage.regions) in one region as large as its largest member: on-chip
+  state (flash attention's running max, sum and output; b2b_gemm's accumulator) is then
+  never written to DRAM. A kernel using them starts from its own copy of the context
+  (`ft_own`) whose pointers to them are the block's places, and calls its statements on
+  it. What does not fit next to the arena within LOCAL_BUDGET (two blocks per SM) goes back
+  to global memory, largest first; so do buffers of 2-D grids, of several kernels, and those whose size is
+  not known when generating (a full extent of an unknown length): the launch's dynamic
+  shared memory is a number fixed at generation.
 """
 from __future__ import annotations
 
 import functools
+import math
 import os
 from dataclasses import dataclass
 
 import cgen
 
+from polyft.affine import Length
 from polyft.errors import CompileError
 
 from . import cuda_arena
-from .c_family import MACROS, TILE, const_decl, prepare, statement_functions, tiled_loops
+from .c_family import MACROS, TILE, const_decl, local_widths, prepare, statement_functions, tiled_loops
+from .c_statements import ctype, native_dtype
 from .cuda_host import HostDriver
 from .cuda_statements import PRECISIONS, CudaStatementBody
 from .isl_ast import build_ast
 from .protocol import Module, Target
 
 THREADS = 256
+ALIGN = 64  # bytes: where each region of local buffers starts in the block's shared memory
 
 with open(os.path.join(os.path.dirname(__file__), "tiles.cuh")) as _f:
     LIBRARY = _f.read()
@@ -42,7 +59,7 @@ class CudaModule(Module):
     driver that launches them."""
     host: str
     arities: list  # per kernel, its number of `long` arguments after the context
-    shared_bytes: int  # the arena of dynamic shared memory each block needs
+    shared_bytes: int  # the dynamic shared memory each block needs: the arena, then local buffers
     threads: int  # per block
 
 
@@ -65,7 +82,8 @@ class CudaTarget(Target):
     def generate(self, model, schedule, precision: str = "fp32", storage=None) -> CudaModule:
         """The parallel loop whose statements gain most (isl_ast.tileable_loops) runs TILE
         instances per block, fewer where their tiles would not fit in shared memory, none if
-        even 2 do not."""
+        even 2 do not. Local buffers take what shared memory the tiles of that batch leave
+        (local_places): those that do not fit stay global, the batch is not made smaller."""
         for tb in (TILE, TILE // 2, TILE // 4, 2):
             try:
                 return self._generate(model, schedule, precision, storage, tb)
@@ -75,31 +93,129 @@ class CudaTarget(Target):
 
     def _generate(self, model, schedule, precision, storage, tb) -> CudaModule:
         etdg = model.etdg
-        layout, params, namer, consts, ctx, buffer_ref = prepare(model, storage)
         ast = build_ast(schedule.map, model.context)
         tiles = tiled_loops(etdg, ast, schedule.parallel, tb) if tb else {}
         driver = HostDriver(ast, schedule.parallel, tiles, tb)
-        arena = [32]
+        kernel_of, local = local_candidates(etdg, storage, ast, schedule.parallel, tiles, driver)
+        nbytes = {name: local_bytes(storage.buffers[name], w, model.sizes) for name, w in local.items()}
+        local = {name: w for name, w in local.items() if nbytes[name] is not None}
+        while True:  # the statements for these local buffers; again if some must go back to global memory
+            layout, params, namer, consts, ctx, buffer_ref = prepare(model, storage, local)
+            arena = [32]
 
-        def fits(st, body):
-            arena[0] = max(arena[0], body.arena.size)
-            if body.arena.size > cuda_arena.SHARED_LIMIT:
-                raise SharedMemoryError(f"{st.name} keeps {body.arena.size} bytes of tiles in shared memory "
-                                        f"(limit {cuda_arena.SHARED_LIMIT}); use smaller tiles", op="emit")
-        body = functools.partial(CudaStatementBody, precision=precision)
-        functions = statement_functions(etdg, namer, buffer_ref, consts, body, "__device__ static void",
-                                        cgen.Value("const ctx_t* __restrict__", "c"), driver.statement.variants,
-                                        fits, tb)
+            def fits(st, body):
+                arena[0] = max(arena[0], body.arena.size)
+                if body.arena.size > cuda_arena.SHARED_LIMIT:
+                    raise SharedMemoryError(f"{st.name} keeps {body.arena.size} bytes of tiles in shared memory "
+                                            f"(limit {cuda_arena.SHARED_LIMIT}); use smaller tiles", op="emit")
+            body = functools.partial(CudaStatementBody, precision=precision)
+            functions = statement_functions(etdg, namer, buffer_ref, consts, body, "__device__ static void",
+                                            cgen.Value("const ctx_t* __restrict__", "c"), driver.statement.variants,
+                                            fits, tb)
+            places, shared = local_places(storage, local, kernel_of, nbytes, arena[0])
+            if len(places) == len(local):
+                break
+            local = {name: w for name, w in local.items() if name in places}
+        slots = {b.name: k for k, b in enumerate(layout.buffers)}
         kernels = []
         for k, args, lines in driver.kernels:
             setup = [cgen.Line(f"const long {p} = c->{p}; (void){p};") for p in params]
+            mine = sorted((slots[name], name) for name in places if kernel_of[name] == k)
+            if mine:  # the block's own context: its local buffers in its shared memory
+                setup.append(cgen.Line("ctx_t ft_own = *c;"))
+                for slot, name in mine:
+                    b = layout.buffers[slot]
+                    setup.append(cgen.Line(f"ft_own.b{slot} = ({ctype(b.dtype)}*)(ft_arena + {places[name]});  "
+                                           f"/* {name}: {nbytes[name]} bytes, batches of {local[name]} */"))
+                lo = min(places[name] for _, name in mine)
+                hi = max(places[name] + nbytes[name] for _, name in mine)
+                # the emulator runs blocks in turn on one array: what an earlier block left
+                # there would hide a read before a write, so each block starts from NaNs
+                setup.append(cgen.Line(f"#ifdef FT_EMULATED\nif (threadIdx.x == 0) memset(ft_arena + {lo}, 0xff, "
+                                       f"{hi - lo});\n__syncthreads();\n#endif"))
+                lines = [cgen.Block([cgen.Line("const ctx_t* c = &ft_own;")] + lines)]
             kernels.append(cgen.FunctionBody(
                 cgen.FunctionDeclaration(cgen.Value(f'extern "C" __global__ void __launch_bounds__({self.threads})',
                                                     f"polyft_k{k}"), args),
                 cgen.Block(setup + lines)))
+        shared = max(arena[0], shared)
         module = cgen.Module([cgen.Line(f"#define FT_THREADS {self.threads}"), cgen.Line(PRELUDE), cgen.Line(LIBRARY),
-                              cgen.Line(cuda_arena.declaration(arena[0])), ctx, cgen.Line("")]
+                              cgen.Line(cuda_arena.declaration(shared)), ctx, cgen.Line("")]
                              + [const_decl(n, v, "__device__ const") for n, v in consts.values()]
                              + [cgen.Line("")] + functions + [cgen.Line("")] + kernels)
         return CudaModule(str(module) + "\n", layout, tuple(params), driver.source(params),
-                          [len(args) - 1 for _, args, _ in driver.kernels], arena[0], self.threads)
+                          [len(args) - 1 for _, args, _ in driver.kernels], shared, self.threads)
+
+
+def local_candidates(etdg, storage, ast, parallel: list, tiles: dict, driver: HostDriver) -> tuple:
+    """(buffer name -> its kernel, buffer name -> batch width) of the local buffers a block
+    may keep in shared memory: c_family.local_widths' (placed "local", every access inside
+    a parallel loop; TILE where the slot loop is tiled, i.e. the moduli for BATCH, which
+    cover a block's `tb` <= BATCH iterations) whose every statement is called in one kernel
+    whose 1-D grid is the buffer's slot loop (so a block owns the elements it touches)."""
+    if storage is None:
+        return {}, {}
+    widths = local_widths(etdg, storage, ast, parallel, tiles)
+    by_name = {st.name: st for st in etdg.statements}
+    kernels: dict = {}  # buffer name -> the kernels calling a statement that touches it
+    for k, called in enumerate(driver.called):
+        for name in called:
+            st = by_name[name]
+            for am in st.reads + st.writes:
+                kernels.setdefault(am.buffer.resolve().name, set()).add(k)
+    kernel_of, local = {}, {}
+    for name, width in widths.items():
+        ks = kernels.get(name, set())
+        if len(ks) == 1 and driver.grids[min(ks)] == [storage.buffers[name].slot_dim]:
+            kernel_of[name], local[name] = min(ks), width
+    return kernel_of, local
+
+
+def local_bytes(s, width: int, sizes: dict) -> int | None:
+    """The bytes of a block's cells of a local buffer (storage.BufferStorage `s`) for batches
+    of `width`, at most what Layout.cells_shape gives for any lengths the model allows (a
+    modulus over an unknown length counts whole); None where a kept extent is unknown."""
+    def known(n):
+        n = Length.of(n)
+        return n.evaluate(sizes) if n.params <= set(sizes) else None
+    buf = s.buffer
+    count = math.prod(buf.element_shape) * native_dtype(buf.dtype).itemsize
+    for cells, n in zip(s.cell_dims(width), buf.dims):
+        extent = known(n)
+        if not isinstance(cells, int):
+            if extent is None:
+                return None
+            cells = extent
+        count *= cells if extent is None else max(0, min(cells, extent))
+    return count
+
+
+# local buffers may grow a block's shared memory up to this: two blocks still fit on an SM
+# (228 KB on sm_90); more would trade occupancy for on-chip state
+LOCAL_BUDGET = 100 * 1024
+
+
+def local_places(storage, local: dict, kernel_of: dict, nbytes: dict, arena: int) -> tuple:
+    """(buffer name -> byte offset in the block's dynamic shared memory, the bytes a block
+    needs): per kernel, its local buffers after the arena, one ALIGN-aligned region per group
+    of Storage.regions (as large as its largest member); where a kernel's regions would pass
+    LOCAL_BUDGET its largest buffer goes back to global memory (left out), until they fit."""
+    base = _align(arena)
+    places, shared = {}, 0
+    for k in sorted(set(kernel_of[name] for name in local)):
+        names = [name for name in local if kernel_of[name] == k]
+        while names:
+            offsets, end = {}, base
+            for group in storage.regions({name: local[name] for name in names}):
+                offsets.update({name: end for name in group})
+                end += _align(max(nbytes[name] for name in group))
+            if end <= LOCAL_BUDGET:
+                places.update(offsets)
+                shared = max(shared, end)
+                break
+            names.remove(max(names, key=lambda name: (nbytes[name], name)))
+    return places, shared
+
+
+def _align(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN

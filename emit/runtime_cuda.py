@@ -35,10 +35,15 @@ def ctx_dtype(layout, params) -> np.dtype:
 
 
 def pack_ctx(layout, params, values: dict, pointers: list, shapes: list) -> np.ndarray:
+    """The context struct for buffers at `pointers` of `shapes` (the arrays the caller
+    allocated); a buffer a block keeps in its shared memory (`layout.width`) gets the strides
+    of its cells (`layout.cells_shape`) and no pointer: the kernel sets it to the block's place."""
     ctx = np.zeros(1, dtype=ctx_dtype(layout, params))
     for p in params:
         ctx[p] = values[p]
     for k, (b, ptr, shape) in enumerate(zip(layout.buffers, pointers, shapes)):
+        if layout.width(b):
+            ptr, shape = 0, layout.cells_shape(b, values)
         ctx[f"b{k}"] = ptr
         stride = int(np.prod(shape[b.depth:])) if len(shape) > b.depth else 1
         for r in reversed(range(b.depth)):
@@ -78,8 +83,7 @@ class EmulatedBackend(Backend):
                             f'extern "C" int polyft_emulate_k{k}(const long* a, long gx, long gy) '
                             f"{{ return ft_launch(ft_trampoline_k{k}, (void*)a, gx, gy, FT_THREADS); }}")
         text = "#define FT_EMULATED\n" + EMULATOR + source + "\n".join(wrappers) + "\n"
-        so = runtime_c.build(text, ["-x", "c++", "-std=c++14", "-O1", "-fPIC", "-shared", "-w"], cc=cxx)
-        self._lib = ctypes.CDLL(so)
+        _, self._lib = runtime_c.load(text, ["-x", "c++", "-std=c++14", "-O1", "-fPIC", "-shared", "-w"], cc=cxx)
         self._kernels = []
         for k in range(len(arities)):
             fn = getattr(self._lib, f"polyft_emulate_k{k}")
@@ -179,8 +183,8 @@ class CudaRuntime(Runtime):
         `fetch()` copies the outputs back."""
         layout, params = self.module.layout, self.module.params
         handles, pointers = [], []
-        for a in arrays:
-            h, p = self.backend.upload(a)
+        for b, a in zip(layout.buffers, arrays):
+            h, p = (None, 0) if layout.width(b) else self.backend.upload(a)  # local: in the blocks' shared memory
             handles.append(h)
             pointers.append(p)
         ctx = pack_ctx(layout, params, values, pointers, [a.shape for a in arrays])
