@@ -8,11 +8,13 @@ element level (schedule/coarsen). Gathers are may-accesses over the whole gather
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import islpy as isl
+import numpy as np
 
-from polyft.errors import LengthMismatchError, SingleAssignmentError
+from polyft.errors import LengthMismatchError, SingleAssignmentError, SpecError
 from polyft.etdg import ETDG
 
 from .isl_helpers import Namer, access_map, maps, param_prefix, schedule_map, statement_space, union_map
@@ -53,14 +55,33 @@ class PolyModel:
         return obj.gist_params(self.context)
 
 
+MAX_LENGTH = 2**63 - 1  # generated code indexes with a C long
+
+
+def check_sizes(sizes, params, op: str = "sizes") -> dict:
+    """`sizes` ({length name: value}) checked against the program's lengths `params`: known names,
+    values ints (not bools) in [0, MAX_LENGTH]; returned with plain ints, so ISL text is clean."""
+    if sizes is None:
+        return {}
+    if not isinstance(sizes, Mapping):
+        raise SpecError(f"sizes must be a dict {{length name: int}}, got the {type(sizes).__name__} {sizes!r}",
+                        op=op)
+    unknown = sorted(set(sizes) - set(params), key=str)
+    if unknown:
+        raise LengthMismatchError(f"sizes name unknown lengths {unknown}; the program's lengths are {params}",
+                                  op=op)
+    bad = {k: v for k, v in sizes.items() if isinstance(v, bool) or not isinstance(v, (int, np.integer))
+           or not 0 <= v <= MAX_LENGTH}
+    if bad:
+        types = ", ".join(f"{k}: {type(v).__name__}" for k, v in bad.items())
+        raise SpecError(f"a length must be an int in [0, 2**63), got {bad} ({types})", op=op)
+    return {k: int(v) for k, v in sizes.items()}
+
+
 def build(etdg: ETDG, sizes: dict | None = None) -> PolyModel:
     """The polyhedral model of `etdg`; `sizes` fixes parameters (a context, not a rewrite)."""
-    sizes = dict(sizes or {})
     params = etdg.params
-    unknown = set(sizes) - set(params)
-    if unknown:
-        raise LengthMismatchError(f"sizes name unknown lengths {sorted(unknown)}; the program's lengths "
-                                  f"are {params}", op="model")
+    sizes = check_sizes(sizes, params)
     prefix = param_prefix(params)
     ctx_conds = [f"{p} >= 0" for p in params] + [f"{p} = {v}" for p, v in sizes.items()] + \
         [a.isl() for a in etdg.assumptions]

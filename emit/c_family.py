@@ -10,7 +10,7 @@ import numpy as np
 from polyft.deps.isl_helpers import Namer
 from polyft.schedule.storage import BATCH
 
-from .c_statements import ctype, shared_matmul_work
+from .c_statements import NAN_MACROS, ctype, shared_matmul_work
 from .isl_ast import call_loops, level, loop_key, tileable_loops
 from .protocol import Layout
 
@@ -18,7 +18,8 @@ TILE = BATCH  # instances of a parallel loop one call of a tiled statement runs
 
 MACROS = """#define floord(n, d) (((n) < 0) ? -((-(n) + (d) - 1) / (d)) : (n) / (d))
 #define min(x, y) ((x) < (y) ? (x) : (y))
-#define max(x, y) ((x) > (y) ? (x) : (y))"""
+#define max(x, y) ((x) > (y) ? (x) : (y))
+""" + NAN_MACROS
 
 
 def const_name(consts: dict, value: np.ndarray) -> str:
@@ -43,10 +44,11 @@ def param_c(p: str) -> str:
     return f"c->{p}"
 
 
-def context(layout: Layout, params) -> tuple:
-    """The context struct `ctx_t` (parameters, then per buffer its pointer and strides) and
-    `buffer_ref(buf, idx)`, the C address of a buffer element through it. The runtimes fill
-    the struct in this order."""
+def context(layout: Layout, params, scratch: bool = False) -> tuple:
+    """The context struct `ctx_t` (parameters, then per buffer its pointer and strides, then
+    with `scratch` the thread's place for large temporaries, `ft_tmp`) and `buffer_ref(buf,
+    idx)`, the C address of a buffer element through it. The runtimes fill the struct in
+    this order."""
     def buffer_ref(buf, idx):
         k = layout.slot(buf)
         terms = [f"({e})*c->s{k}_{r}" for r, e in enumerate(layout.cell(buf, idx)) if e is not None]
@@ -56,6 +58,8 @@ def context(layout: Layout, params) -> tuple:
     for k, b in enumerate(layout.buffers):
         fields.append(cgen.Pointer(cgen.Value(ctype(b.dtype), f"b{k}")))
         fields += [cgen.Value("long", f"s{k}_{r}") for r in range(b.depth)]
+    if scratch:
+        fields.append(cgen.Pointer(cgen.Value("char", "ft_tmp")))
     return cgen.Typedef(cgen.Struct("polyft_ctx", fields, declname="ctx_t")), buffer_ref
 
 
@@ -131,10 +135,10 @@ def local_widths(etdg, storage, ast, parallel: list, tiles: dict) -> dict:
     return out
 
 
-def prepare(model, storage=None, local=None) -> tuple:
+def prepare(model, storage=None, local=None, scratch=False) -> tuple:
     """What both targets start from: (layout, params, namer, consts, ctx struct, buffer_ref);
-    `local` as Layout's."""
+    `local` as Layout's, `scratch` as context's."""
     layout = Layout(model.etdg, storage, local)
     params = list(model.params)
-    ctx, buffer_ref = context(layout, params)
+    ctx, buffer_ref = context(layout, params, scratch)
     return layout, params, Namer(params), {}, ctx, buffer_ref

@@ -17,15 +17,33 @@ from polyft.primitives import getitem_axes
 
 CTYPES = {"float32": "float", "float64": "double", "float16": "float", "int64": "long long",
           "int32": "int"}
-UNARY = {"neg": "-({x})", "copy": "{x}", "tanh": "tanh{f}({x})", "exp": "exp{f}({x})",
-          "log": "log{f}({x})", "sqrt": "sqrt{f}({x})", "sigmoid": "1 / (1 + exp{f}(-({x})))",
-          "relu": "fmax{f}({x}, 0)", "zeros_like": "0"}
+# numpy's NaN rule for comparisons: a NaN operand wins (`x != x` only for NaN), unlike fmax/fmin
+UNARY = {"neg": "-({x})", "copy": "{x}", "astype": "{x}", "tanh": "tanh{f}({x})", "exp": "exp{f}({x})",
+         "log": "log{f}({x})", "sqrt": "sqrt{f}({x})", "sigmoid": "1 / (1 + exp{f}(-({x})))",
+         "relu": "ft_maximum({x}, 0)", "zeros_like": "0"}
 BINARY = {"add": "({a}) + ({b})", "sub": "({a}) - ({b})", "mul": "({a}) * ({b})",
-           "truediv": "({a}) / ({b})", "maximum": "fmax{f}({a}, {b})", "minimum": "fmin{f}({a}, {b})"}
+          "truediv": "({a}) / ({b})", "maximum": "ft_maximum({a}, {b})", "minimum": "ft_minimum({a}, {b})"}
+# the macros behind them (both targets' preludes); max reductions step with ft_maximum too
+NAN_MACROS = """#define ft_maximum(a, b) ((a) != (a) || (a) > (b) ? (a) : (b))
+#define ft_minimum(a, b) ((a) != (a) || (a) < (b) ? (a) : (b))"""
 
 
 def ctype(dtype: str) -> str:
     return CTYPES[dtype]
+
+
+def cast(expr: str, dtype: str, to: str) -> str:
+    """`expr` (of element type `dtype`) as `to`'s C type: the generated code computes every
+    operation in its result's type, as numpy does (int32 / int32 divides doubles)."""
+    return expr if ctype(dtype) == ctype(to) else f"(({ctype(to)})({expr}))"
+
+
+def lowest(dtype: str) -> str:
+    """The C literal a max reduction starts from: -INFINITY, or the integer type's minimum."""
+    if np.dtype(dtype).kind == "f":
+        return "-INFINITY"
+    low = int(np.iinfo(native_dtype(dtype)).min)
+    return f"({low + 1}LL - 1)"
 
 
 def native_dtype(dtype: str) -> np.dtype:
@@ -125,6 +143,8 @@ class StatementBody:
         self.batched: set = set()
         self._in_batch = False  # generating the body of the per-instance `_b` loop
         self.lines: list = []
+        self.temps: list = []  # (declaration line, name, C type, bytes) of the tile temporaries
+        self.scratch_bytes = 0  # of the thread's scratch the temporaries take (0: on the stack)
 
     # -- operands ---------------------------------------------------------------------
     def _ref(self, op) -> str:
@@ -180,7 +200,25 @@ class StatementBody:
         if self._in_batch:
             return  # declared once, before the `_b` loop
         n = max(1, math.prod(op.shape)) * (self.batch[1] if op in self.batched else 1)
-        self.lines.append(cgen.ArrayOf(cgen.POD(native_dtype(op.dtype), f"v{op.id}"), n))
+        line = cgen.ArrayOf(cgen.POD(native_dtype(op.dtype), f"v{op.id}"), n)
+        self.temps.append((line, f"v{op.id}", ctype(op.dtype), n * native_dtype(op.dtype).itemsize))
+        self.lines.append(line)
+
+    # temporaries of one call kept on the stack (threads have 8 MB); more come from the scratch,
+    # which is slower (gcc keeps less in registers through pointers it cannot see the ends of)
+    STACK_BYTES = 2 * 1024 * 1024
+
+    def _spill(self):
+        """Temporaries of more than STACK_BYTES in all live in the thread's scratch (`c->ft_tmp`,
+        64-byte aligned places) instead: a batch of large tiles would overflow a thread's stack
+        (16 tiles of 256 x 256 floats are 4 MB a temporary; BigBird's paper shape keeps 9 MB)."""
+        if sum(nbytes for *_, nbytes in self.temps) <= self.STACK_BYTES:
+            return
+        places = {}
+        for line, name, t, nbytes in self.temps:
+            places[id(line)] = cgen.Line(f"{t}* const {self.RESTRICT} {name} = ({t}*)(c->ft_tmp + {self.scratch_bytes});")
+            self.scratch_bytes += -(-nbytes // 64) * 64
+        self.lines = [places.get(id(line), line) for line in self.lines]
 
     # -- the operations ------------------------------------------------------------------
     RESTRICT = "restrict"
@@ -194,6 +232,7 @@ class StatementBody:
                 self._batched(op)
             else:
                 self._handler(op)(op)
+        self._spill()
         return self.lines
 
     def _depends_on_batch(self) -> set:
@@ -277,21 +316,23 @@ class StatementBody:
 
     def _unary(self, op):
         self._decl(op)
-        name, shape, _ = self._operand(op.inputs[0]) if op.inputs else (None, (), None)
+        name, shape, dt = self._operand(op.inputs[0]) if op.inputs else (None, (), None)
         tmpl = UNARY[op.op]
         o = self._ref(op)
         self.lines.append(self._loops(op.shape, lambda idx: [cgen.Assign(
             f"{o}[{self._flat(op.shape, idx)}]",
-            tmpl.format(x=self._at(name, shape, op.shape, idx) if name else "0", f=self._f(op)))], "_e"))
+            tmpl.format(x=cast(self._at(name, shape, op.shape, idx), dt, op.dtype) if name else "0",
+                        f=self._f(op)))], "_e"))
 
     def _binary(self, op):
         self._decl(op)
-        (a, sa, _), (b, sb, _) = self._operand(op.inputs[0]), self._operand(op.inputs[1])
+        (a, sa, da), (b, sb, db) = self._operand(op.inputs[0]), self._operand(op.inputs[1])
         o = self._ref(op)
         tmpl = BINARY[op.op]
         self.lines.append(self._loops(op.shape, lambda idx: [cgen.Assign(
             f"{o}[{self._flat(op.shape, idx)}]",
-            tmpl.format(a=self._at(a, sa, op.shape, idx), b=self._at(b, sb, op.shape, idx), f=self._f(op)))],
+            tmpl.format(a=cast(self._at(a, sa, op.shape, idx), da, op.dtype),
+                        b=cast(self._at(b, sb, op.shape, idx), db, op.dtype), f=self._f(op)))],
             "_e"))
 
     def _left_operand(self, a):
@@ -350,7 +391,7 @@ class StatementBody:
         self._reduce(op, "0", "{dst} += {x}", "{dst} /= {n}")
 
     def _op_max(self, op):
-        self._reduce(op, "-INFINITY", "{dst} = fmax{f}({dst}, {x})")
+        self._reduce(op, lowest(op.dtype), "{dst} = ft_maximum({x}, {dst})")
 
     def _op_softmax(self, op):
         x, s, _ = self._operand(op.inputs[0])

@@ -13,7 +13,7 @@ import numpy as np
 
 from .c_family import (MACROS, TILE, StatementCalls, const_decl, local_widths, param_c, prepare, statement_functions,
                        tiled_loops)
-from .c_statements import StatementBody, ctype, length_c
+from .c_statements import StatementBody, ctype, length_c, native_dtype
 from .isl_ast import build_ast, to_cgen
 from .protocol import Module, Target
 
@@ -27,6 +27,27 @@ PRELUDE = """#include <math.h>
 #define omp_get_thread_num() 0
 #define omp_get_max_threads() 1
 #endif
+
+/* The threads' scratch outlives a call: a fresh block each call would be mapped and zeroed
+   page by page every time. A call takes the kept block (atomically: calls may overlap),
+   or a larger one, and gives it back; of two given back, the larger one is kept. */
+static char* ft_kept;
+static long ft_kept_bytes;
+static char* ft_take_scratch(long bytes)
+{
+  char* p = __atomic_exchange_n(&ft_kept, NULL, __ATOMIC_ACQ_REL);
+  if (p && __atomic_load_n(&ft_kept_bytes, __ATOMIC_ACQUIRE) >= bytes) return p;
+  free(p);
+  return (char*)malloc(bytes);
+}
+static void ft_give_scratch(char* p, long bytes)
+{
+  char* old = __atomic_exchange_n(&ft_kept, NULL, __ATOMIC_ACQ_REL);
+  if (old && __atomic_load_n(&ft_kept_bytes, __ATOMIC_ACQUIRE) >= bytes) { free(p); p = old; bytes = ft_kept_bytes; }
+  else free(old);
+  __atomic_store_n(&ft_kept_bytes, bytes, __ATOMIC_RELEASE);
+  __atomic_store_n(&ft_kept, p, __ATOMIC_RELEASE);
+}
 typedef float ft_vec __attribute__((vector_size(64)));  /* 16 floats: the GEMM micro-kernel's row */
 """ + MACROS
 
@@ -50,8 +71,15 @@ class CTarget(Target):
         ast = build_ast(schedule.map, model.context)
         tiles = tiled_loops(etdg, ast, schedule.parallel, TILE)
         local = local_widths(etdg, storage, ast, schedule.parallel, tiles)
-        layout, params, namer, consts, ctx, buffer_ref = prepare(model, storage, local)
-        call = StatementCalls("c")
+        layout, params, namer, consts, ctx, buffer_ref = prepare(model, storage, local, scratch=True)
+        called = StatementCalls("c")  # which statement variants the AST calls
+        to_cgen(ast, schedule.parallel, called, lambda loop: loop, tiles=tiles)
+        spilled = [0]  # the most bytes of temporaries one statement call keeps in the scratch
+
+        def spill(st, body):
+            spilled[0] = max(spilled[0], body.scratch_bytes)
+        functions = statement_functions(etdg, namer, buffer_ref, consts, StatementBody, "static void",
+                                        cgen.Value("const ctx_t* restrict", "c"), called.variants, spill)
         setup = [cgen.Line("ctx_t ctx;"), cgen.Line("const ctx_t* c = &ctx;")]
         setup += [cgen.Line(f"const long {p} = ctx.{p} = params[{k}];") for k, p in enumerate(params)]
         region_bytes = {}  # a local buffer's name -> the C expression of its bytes per thread
@@ -62,11 +90,13 @@ class CTarget(Target):
                 setup.append(cgen.Line(f"ctx.s{k}_{r} = {stride};"))
                 stride = f"{stride}*{_extent_c(dims[r], b.dims[r])}"
             if layout.width(b):
-                region_bytes[b.name] = f"({stride}*{np.dtype(b.dtype).itemsize} + 63) / 64 * 64"
+                region_bytes[b.name] = f"({stride}*{native_dtype(b.dtype).itemsize} + 63) / 64 * 64"
                 setup.append(cgen.Line(f"ctx.b{k} = NULL;  /* {b.name}: per thread */"))
             else:
                 setup.append(cgen.Line(f"ctx.b{k} = ({ctype(b.dtype)}*)bufs[{k}];  /* {b.name} */"))
-        per_thread = "0"  # a thread's scratch: one 64-byte aligned region per group of buffers never live at once
+        # a thread's scratch: one 64-byte aligned region per group of local buffers never live
+        # at once, then the place of large temporaries
+        per_thread = "0"
         offsets = {}  # slot of a local buffer -> its place in a thread's scratch
         slots = {b.name: k for k, b in enumerate(layout.buffers)}
         for j, group in enumerate(storage.regions(layout.local) if layout.local else []):
@@ -76,15 +106,19 @@ class CTarget(Target):
                 size = f"max({size}, {region_bytes[name]})"
             per_thread = f"ft_region{j} + {size}"
             offsets.update({slots[name]: f"ft_region{j}" for name in group})
-        code = to_cgen(ast, schedule.parallel, call, lambda loop: _parallel(loop, offsets), tiles=tiles)
-        functions = statement_functions(etdg, namer, buffer_ref, consts, StatementBody, "static void",
-                                        cgen.Value("const ctx_t* restrict", "c"), call.variants)
+        scratch = bool(offsets or spilled[0])
         setup.append(cgen.Line("(void)c;"))
-        if offsets:
-            setup += [cgen.Line(f"const long ft_per_thread = {per_thread};"),
-                      cgen.Line("char* ft_scratch = (char*)malloc(ft_per_thread * omp_get_max_threads());"),
-                      cgen.Line("if (!ft_scratch) return 1;")]
-        end = [cgen.Line("free(ft_scratch);")] if offsets else []
+        if scratch:
+            setup += [cgen.Line(f"const long ft_tmp_off = {per_thread};  /* temporaries */"),
+                      cgen.Line(f"const long ft_per_thread = ft_tmp_off + {spilled[0]};"),
+                      cgen.Line("char* ft_scratch = ft_take_scratch(ft_per_thread * omp_get_max_threads());"),
+                      cgen.Line("if (!ft_scratch) return 1;"),
+                      cgen.Line("ctx.ft_tmp = ft_scratch + ft_tmp_off;  /* the first thread's, outside parallel loops */")]
+        else:
+            setup.append(cgen.Line("ctx.ft_tmp = NULL;"))
+        code = to_cgen(ast, schedule.parallel, StatementCalls("c"), lambda loop: _parallel(loop, offsets, scratch),
+                       tiles=tiles)
+        end = [cgen.Line("ft_give_scratch(ft_scratch, ft_per_thread * omp_get_max_threads());")] if scratch else []
         run = cgen.FunctionBody(
             cgen.FunctionDeclaration(cgen.Value("int", "polyft_run"),
                                      [cgen.Pointer(cgen.Pointer(cgen.Value("void", "bufs"))),
@@ -104,13 +138,14 @@ def _extent_c(cells, n) -> str:
     return str(cells) if n.is_concrete else f"min({cells}, {length_c(n, param_c)})"
 
 
-def _parallel(loop, offsets: dict) -> cgen.Generable:
-    """The outermost parallel loop of a nest under OpenMP; with local buffers (`offsets`: slot
-    -> place in the scratch) each thread runs its iterations on its own context pointing at
-    its scratch."""
-    if not offsets:
+def _parallel(loop, offsets: dict, scratch: bool) -> cgen.Generable:
+    """The outermost parallel loop of a nest under OpenMP; with a scratch (local buffers,
+    `offsets`: slot -> place in it; large temporaries) each thread runs its iterations on
+    its own context pointing at its own scratch."""
+    if not scratch:
         return cgen.Block([cgen.Pragma("omp parallel for"), loop])
     own = [cgen.Line("ctx_t ft_own = ctx;"), cgen.Line("const ctx_t* c = &ft_own;"),
-           cgen.Line("char* ft_mine = ft_scratch + omp_get_thread_num() * ft_per_thread;")]
+           cgen.Line("char* ft_mine = ft_scratch + omp_get_thread_num() * ft_per_thread;"),
+           cgen.Line("ft_own.ft_tmp = ft_mine + ft_tmp_off;")]
     own += [cgen.Line(f"ft_own.b{k} = (void*)(ft_mine + {off});") for k, off in sorted(offsets.items())]
     return cgen.Block([cgen.Pragma("omp parallel"), cgen.Block(own + [cgen.Pragma("omp for"), loop])])

@@ -9,9 +9,10 @@ import math
 
 import cgen
 
+from polyft.errors import CompileError
 from polyft.etdg import OpNode
 
-from .c_statements import BINARY, UNARY, StatementBody, ctype, native_dtype
+from .c_statements import BINARY, UNARY, StatementBody, cast, ctype, native_dtype
 from .cuda_arena import SHARED_LIMIT, Arena
 
 # operand precision of matmuls -> (WMMA element type, k of a fragment); float32 has none
@@ -128,10 +129,10 @@ class CudaStatementBody(StatementBody):
                 vals = []
                 for a in op.inputs:
                     if isinstance(a, OpNode) and a in members:
-                        vals.append(f"_t{a.id}")
+                        vals.append(cast(f"_t{a.id}", a.dtype, op.dtype))
                     else:
-                        name, shape, _ = self._operand(a)
-                        vals.append(self._at(name, shape, op.shape, idx))
+                        name, shape, dtype = self._operand(a)
+                        vals.append(cast(self._at(name, shape, op.shape, idx), dtype, op.dtype))
                 if op.op in UNARY:
                     expr = UNARY[op.op].format(x=vals[0] if vals else "0", f=self._f(op))
                 else:
@@ -207,6 +208,10 @@ class CudaStatementBody(StatementBody):
         """ft::gemm_tc on tensor cores where the precision and the shapes allow (P, Q multiples
         of 16, K of the fragment's k), else ft::gemm_f32; into the tile of the matmul this one
         adds into, if any."""
+        if op.dtype != "float32":
+            raise CompileError(f"the CUDA target multiplies float32 tiles only, not {op.dtype} (shapes "
+                               f"{[P, K]} @ {[K, Q]}); cast the operands with .astype(np.float32)",
+                               op="matmul", where=op.where)
         into = self.accumulate.get(op)
         if into is None:
             self._decl(op)
@@ -220,8 +225,9 @@ class CudaStatementBody(StatementBody):
             self.lines.append(cgen.Statement(f"ft::gemm_f32<{P}, {K}, {Q}, {acc}>({out}, {a}, {b})"))
 
     def _rows(self, op, x, s, axes, keep) -> bool:
-        """A reduction over the trailing axes as rows of the tile library (ROWS)."""
-        if not axes or axes != list(range(len(s) - len(axes), len(s))):
+        """A reduction of float32 over the trailing axes as rows of the tile library (ROWS)."""
+        if not axes or axes != list(range(len(s) - len(axes), len(s))) or \
+                op.dtype != "float32" or self._operand(op.inputs[0])[2] != "float32":
             return False
         self._decl(op)
         rows, n = math.prod(s[d] for d in keep), math.prod(s[d] for d in axes)

@@ -1,15 +1,24 @@
-"""The ctypes runtime: C source compiled into a shared object (cached on disk by a hash of
-source, compiler and flags; written atomically so concurrent compiles never clash), run with
-ctypes."""
+"""The ctypes runtime: C source compiled into a shared object, run with ctypes.
+
+The objects are cached on disk (POLYFT_CACHE, else ~/.cache/polyft) under a hash of source,
+compiler and flags. A cache outlives crashes, full disks and other processes, so nothing in it
+is trusted: every object carries a checksum record and is verified before it is loaded (a
+truncated object mapped by the loader kills the process with SIGBUS instead of raising).
+Each object is written to a private temporary directory and published with one os.replace,
+so concurrent compiles of the same source never see a partial file."""
 from __future__ import annotations
 
+import atexit
 import ctypes
+import errno
 import hashlib
 import os
 import re
 import shutil
+import struct
 import subprocess
 import tempfile
+import warnings
 
 from polyft.errors import CompileError, OutOfMemoryError
 
@@ -18,11 +27,36 @@ from .protocol import Runtime
 # -ffp-contract=fast: ISO C (-std=c99) would otherwise forbid fusing a*b + c into one FMA
 FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-std=c99", "-fPIC", "-shared"]
 
+# The checksum record appended to every cached object: magic, size and sha256 of the bytes
+# before it. It lives inside the file rather than in a sidecar so that one atomic rename
+# publishes object and checksum together (two renames would let concurrent writers pair one
+# process's object with another's checksum) and the cache holds one file per entry. The
+# loader maps only what the ELF headers name, so the appended bytes are never read by it.
+RECORD = struct.Struct("<8sQ32s")
+MAGIC = b"POLYFT1\0"
+
+_fallback_dir = None
+
 
 def cache_dir() -> str:
+    """The compile cache directory, created if needed. When it cannot be created or written
+    (read-only home, a file in the way, someone else's shared cache), a temporary directory
+    for this process instead: compiling then costs more but still works."""
+    global _fallback_dir
     d = os.environ.get("POLYFT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "polyft")
-    os.makedirs(d, exist_ok=True)
-    return d
+    try:
+        os.makedirs(d, exist_ok=True)
+        if os.access(d, os.W_OK | os.X_OK):
+            return d
+        why = "not writable"
+    except OSError as e:
+        why = e.strerror or str(e)
+    if _fallback_dir is None:
+        _fallback_dir = tempfile.mkdtemp(prefix="polyft-cache-")
+        atexit.register(shutil.rmtree, _fallback_dir, True)
+    warnings.warn(f"polyft: cannot use the compile cache {d} ({why}); compiling into {_fallback_dir} "
+                  "for this process instead (set POLYFT_CACHE to a writable directory)", stacklevel=2)
+    return _fallback_dir
 
 
 def compiler(cc=None) -> str:
@@ -47,32 +81,110 @@ def source_context(source: str, message: str, around: int = 3) -> str:
     return "\n".join(shown)
 
 
+def damage(data: bytes) -> str | None:
+    """Why the bytes of a cached object must not be loaded, or None when they are intact."""
+    body, record = data[:-RECORD.size], data[-RECORD.size:]
+    if len(data) < RECORD.size or not record.startswith(MAGIC):
+        return f"no checksum record at its end ({len(data)} bytes: truncated, or not written by polyft)"
+    _, size, digest = RECORD.unpack(record)
+    if size != len(body):
+        return f"{len(body)} bytes where its record says {size}"
+    if hashlib.sha256(body).digest() != digest:
+        return "its contents differ from the sha256 in its record"
+    return None
+
+
+def _discard(path: str, inode=None) -> None:
+    """Delete a bad cache entry; with `inode`, only if no other process has replaced it since."""
+    try:
+        if inode is None or os.stat(path).st_ino == inode:
+            os.unlink(path)
+    except OSError:
+        pass  # already gone (a concurrent process discarded it), or the rebuild will replace it
+
+
+def _intact(so: str) -> bool:
+    """Whether `so` holds an intact object; a damaged one is deleted, to be rebuilt."""
+    try:
+        with open(so, "rb") as f:
+            inode, data = os.fstat(f.fileno()).st_ino, f.read()
+    except FileNotFoundError:
+        return False
+    if damage(data) is None:
+        return True
+    _discard(so, inode)
+    return False
+
+
+def _check_output(cc, flags, r, out, source, src) -> None:
+    """Raise CompileError unless the compiler succeeded and wrote a shared object: a failed
+    build must never reach the cache, where every later process would load it."""
+    command = " ".join([cc, *flags])
+    if r.returncode != 0:
+        msg = (r.stderr or r.stdout).replace(src, "polyft.c")
+        if not msg.strip():
+            status = (f"was killed by signal {-r.returncode}" if r.returncode < 0
+                      else f"exited with status {r.returncode}")
+            raise CompileError(f"{command} {status} and printed nothing", op="compile", where="generated C")
+        raise CompileError(f"{command} failed:\n{msg}\n{source_context(source, msg)}",
+                           op="compile", where="generated C")
+    if not os.path.exists(out):
+        got = "no output file"
+    else:
+        with open(out, "rb") as f:
+            head = f.read(4)
+            size = os.fstat(f.fileno()).st_size
+        if head == b"\x7fELF":
+            return
+        got = "an empty file" if size == 0 else f"{size} bytes that are not an ELF object (they start {head!r})"
+    raise CompileError(f"{command} exited with status 0 but wrote {got} instead of a shared object",
+                       op="compile", where="generated C")
+
+
 def build(source: str, flags=None, cc=None) -> str:
-    """Path of the shared object for `source`, compiling it unless cached."""
+    """Path of the verified shared object for `source`, compiling it unless cached intact."""
     cc = compiler(cc)
     flags = list(FLAGS if flags is None else flags)
     key = hashlib.sha256("\0".join([source, cc, _version(cc)] + flags).encode()).hexdigest()[:20]
     d = cache_dir()
     so = os.path.join(d, f"polyft_{key}.so")
-    if os.path.exists(so):
+    if _intact(so):
         return so
-    fd, src = tempfile.mkstemp(suffix=".c", dir=d)
-    with os.fdopen(fd, "w") as f:
-        f.write(source)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=d)
-    os.close(fd)
-    try:
-        r = subprocess.run([cc, *flags, src, "-o", tmp, "-lm"], capture_output=True, text=True)
-        if r.returncode != 0:
-            msg = r.stderr.replace(src, "polyft.c")
-            raise CompileError(f"{cc} {' '.join(flags)} failed:\n{msg}\n{source_context(source, msg)}",
-                               op="compile", where="generated C")
-        os.replace(tmp, so)  # atomic: a concurrent compile of the same source writes the same file
+    work = None
+    try:  # in a private directory: concurrent builds never touch each other's files
+        work = tempfile.mkdtemp(prefix="build-", dir=d)
+        src, out = os.path.join(work, "polyft.c"), os.path.join(work, "polyft.so")
+        with open(src, "w") as f:
+            f.write(source)
+        r = subprocess.run([cc, *flags, src, "-o", out, "-lm"], capture_output=True, text=True)
+        _check_output(cc, flags, r, out, source, src)
+        with open(out, "rb+") as f:
+            body = f.read()
+            f.write(RECORD.pack(MAGIC, len(body), hashlib.sha256(body).digest()))
+        os.replace(out, so)  # atomic: a concurrent build of the same source writes an equivalent file
+    except OSError as e:  # a full disk (ENOSPC), a quota, an I/O error
+        hint = ": free some space or set POLYFT_CACHE elsewhere" if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+        raise CompileError(f"could not write the compiled object {so} ({e.strerror or e}){hint}",
+                           op="compile", where=so) from None
     finally:
-        for p in (src, tmp):
-            if os.path.exists(p):
-                os.unlink(p)
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)
     return so
+
+
+def load(source: str, flags=None, cc=None) -> tuple[str, ctypes.CDLL]:
+    """The path of `source`'s shared object and the object loaded. An intact file that the
+    loader rejects anyway (say, copied from another machine) is rebuilt once; if the rebuilt
+    one is rejected too, CompileError, and it does not stay in the cache."""
+    for attempt in (1, 2):
+        path = build(source, flags, cc)
+        try:
+            return path, ctypes.CDLL(path)
+        except OSError as e:
+            _discard(path)
+            if attempt == 2:
+                raise CompileError(f"the loader rejects the freshly compiled {path}: {e}",
+                                   op="compile", where=path) from None
 
 
 class CtypesRuntime(Runtime):
@@ -82,8 +194,7 @@ class CtypesRuntime(Runtime):
     def __init__(self, module, flags=None):
         super().__init__(module)
         self.flags = list(FLAGS if flags is None else flags)
-        self.path = build(module.source, self.flags)
-        self._lib = ctypes.CDLL(self.path)
+        self.path, self._lib = load(module.source, self.flags)
         self._fn = self._lib.polyft_run
         self._fn.restype = ctypes.c_int
         self._fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_long)]

@@ -48,7 +48,10 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 __device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = 16; o > 0; o >>= 1) {
+    const float w = __shfl_xor_sync(0xffffffffu, v, o);  /* every lane shuffles once: not inside the macro */
+    v = ft_maximum(v, w);  /* NaN wins */
+  }
   return v;
 }
 struct Sum {
@@ -58,7 +61,7 @@ struct Sum {
 };
 struct Max {
   static __device__ __forceinline__ float init() { return -INFINITY; }
-  static __device__ __forceinline__ float step(float acc, float x) { return fmaxf(acc, x); }
+  static __device__ __forceinline__ float step(float acc, float x) { return ft_maximum(x, acc); }
   static __device__ __forceinline__ float warp(float v) { return warp_max(v); }
 };
 
@@ -78,7 +81,7 @@ __device__ void reduce_rows(float* __restrict__ out, const float* __restrict__ x
    the sum s of exp(x - m), rescaling s whenever m grows; lanes merge their (m, s) pairs by
    the same rule; a second pass writes exp(x - m) / s. */
 __device__ __forceinline__ void softmax_merge(float& m, float& s, float m2, float s2) {
-  const float m_new = fmaxf(m, m2);
+  const float m_new = ft_maximum(m, m2);  /* a NaN makes the row NaN, as numpy's softmax */
   s = m_new == -INFINITY ? 0.0f : s * expf(m - m_new) + s2 * expf(m2 - m_new);
   m = m_new;
 }

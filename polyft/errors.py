@@ -42,6 +42,11 @@ def user_location(tb=None) -> str | None:
     return None
 
 
+def user_frames(tb) -> list:
+    """The frames of a traceback that are in user code, outermost first."""
+    return [frame for frame in traceback.extract_tb(tb) if not _is_library_file(frame.filename)]
+
+
 class PolyftError(Exception):
     """Base of every error polyft raises for a program or input it rejects."""
 
@@ -96,7 +101,8 @@ class ReturnTypeError(PolyftError):
 
 
 class TracerControlFlowError(PolyftError):
-    """Python control flow (if, while, int(), bool()) on a value known only at run time."""
+    """Python control flow (if, while, comparisons, int(), bool(), recursion) or a numpy function
+    on a value known only at run time."""
 
 
 class RaggedError(PolyftError):

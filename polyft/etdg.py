@@ -23,6 +23,7 @@ the regions.
 """
 from __future__ import annotations
 
+import hashlib
 import itertools
 from dataclasses import dataclass, field
 
@@ -384,6 +385,27 @@ class Statement:
 # The graph
 
 
+def digest(a) -> str:
+    """A content hash of a numpy array (dtype, shape and bytes)."""
+    a = np.ascontiguousarray(a)
+    h = hashlib.blake2b(f"{a.dtype.str}{a.shape}".encode(), digest_size=16)
+    h.update(a.view(np.uint8).ravel())
+    return h.hexdigest()
+
+
+@dataclass
+class Captured:
+    """A numpy array the traced program captured (a closure's weights, gather indices): its
+    value is compiled into the code, so a later change must not go unnoticed."""
+
+    array: object
+    digest: str
+    where: str | None
+
+    def changed(self) -> bool:
+        return digest(self.array) != self.digest
+
+
 class ETDG:
     """A traced program: input/output buffers, the root block (no dims) and its statements."""
 
@@ -395,6 +417,7 @@ class ETDG:
         self.out_tree = out_tree  # how outputs nest: a Buffer-index pytree
         self.buffers = buffers
         self.assumptions: list = []  # ISL constraints on lengths (e.g. divisibility) relied on
+        self.captured: list = []  # Captured: numpy arrays of the user's the program holds as constants
         self.statements = self._statements()
 
     # -- structure -----------------------------------------------------------------

@@ -29,6 +29,16 @@ def is_traced(x) -> bool:
     return getattr(x, "_traced", False) is True
 
 
+def describe_operand(x) -> str:
+    """How an error names an operand: a list by its type, a tensor by dtype and shape, else its value."""
+    if isinstance(x, ListBase):
+        return f"the list {x!r}" if isinstance(x, Zip) else f"the list {x.type_string}"
+    if isinstance(x, np.ndarray) or is_traced(x):
+        return f"a {'traced ' if is_traced(x) else ''}{x.dtype}{list(x.shape)} " + \
+            ("value" if is_traced(x) else "array")
+    return f"the Python {type(x).__name__} {x!r}"
+
+
 def unzip(value):
     """A zip of lists stands for the tuple of its lists (results, states, a program's outputs),
     at the top of a pytree or inside it."""
@@ -137,6 +147,28 @@ class ListBase:
             raise WindowError(f"the window must be a positive odd size to be centred, got {window}",
                               op="shifted_slide")
         return self.window(window, 1, window // 2)
+
+    # -- arithmetic belongs to the elements ---------------------------------------------
+    def _elementwise_only(symbol):
+        def f(self, *other):
+            with_ = f" and {describe_operand(other[0])}" if other else ""
+            raise DepthError(f"`{symbol}` works on tensors, not on {describe_operand(self)}{with_}; apply it to "
+                             f"each element with map, e.g. xs.map(lambda x: ...)", op=symbol)
+        return f
+
+    __add__ = __radd__ = _elementwise_only("+")
+    __sub__ = __rsub__ = _elementwise_only("-")
+    __mul__ = __rmul__ = _elementwise_only("*")
+    __truediv__ = __rtruediv__ = _elementwise_only("/")
+    __matmul__ = __rmatmul__ = _elementwise_only("@")
+    __pow__ = __rpow__ = _elementwise_only("**")
+    __neg__ = _elementwise_only("-")
+    del _elementwise_only
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        """numpy's ufuncs (`np.tanh(xs)`, `array * xs`) work on tensors, as `ft.tanh` does."""
+        raise DepthError(f"numpy's {ufunc.__name__} works on tensors, not on {describe_operand(self)}; apply "
+                         "it to each element with map", op=f"np.{ufunc.__name__}")
 
 
 class FractalTensor(ListBase):
@@ -275,12 +307,7 @@ class FractalTensor(ListBase):
         return self._items[i]
 
     def window(self, size: int, stride: int = 1, padding=0) -> "FractalTensor":
-        size = _as_int(size, "the window size", "window")
-        stride = _as_int(stride, "the stride", "window")
-        left, right = _padding(padding)
-        if size < 1 or stride < 1 or left < 0 or right < 0:
-            raise WindowError(f"needs size >= 1, stride >= 1 and padding >= 0, got size={size}, "
-                              f"stride={stride}, padding=({left}, {right})", op="window")
+        size, stride, left, right = window_args(size, stride, padding)
         padded_length = len(self._items) + left + right
         if size > padded_length:
             raise WindowError(f"a window of size {size} does not fit the list {self.type_string} "
@@ -302,16 +329,7 @@ class FractalTensor(ListBase):
         return FractalTensor.zeros(lengths[1:], self._element_shape, self._dtype)
 
     def gather(self, indices) -> "FractalTensor":
-        idx = np.asarray(indices)
-        if idx.ndim != 1:
-            raise DepthError(f"gather indices must be a 1-D sequence, got shape {list(idx.shape)}", op="gather")
-        if idx.size and not np.issubdtype(idx.dtype, np.integer):
-            raise DTypeError(f"gather indices must be integers, got {idx.dtype}", op="gather")
-        n = len(self._items)
-        bad = idx[(idx < 0) | (idx >= n)]
-        if bad.size:
-            raise IndexRangeError(f"gather index {bad[0]} is outside [0, {n}) of the list {self.type_string}",
-                                  op="gather")
+        idx = gather_indices(indices, len(self._items), self.type_string)
         return self._like([self._items[i] for i in idx.tolist()])
 
     def strided_split(self, d: int) -> "FractalTensor":
@@ -336,12 +354,46 @@ class FractalTensor(ListBase):
         return self._like([self] * n, self._depth + 1)
 
 
-def _padding(padding) -> tuple[int, int]:
-    """`padding` as (left, right): an int pads both ends alike."""
+def gather_indices(indices, length, list_type: str) -> np.ndarray:
+    """Gather's indices as int64, checked: a 1-D sequence of any integer dtype, each in
+    [0, length) (`length` an int, or a symbolic `Length`: then only >= 0 and within int64)."""
+    if is_traced(indices):
+        raise AccessError(f"gather indices must be known while tracing (a numpy array or Python ints), not "
+                          f"{describe_operand(indices)}: data-dependent indices are not supported", op="gather")
+    idx = np.asarray(indices)
+    if idx.ndim != 1:
+        raise DepthError(f"gather indices must be a 1-D sequence, got shape {list(idx.shape)}", op="gather")
+    if idx.size == 0:
+        return idx.astype(np.int64)  # `[]` is a float array to numpy; it gathers nothing
+    if not np.issubdtype(idx.dtype, np.integer):
+        raise DTypeError(f"gather indices must have an integer dtype (int8 ... int64, uint8 ... uint64), "
+                         f"got {idx.dtype}", op="gather")
+    top = length.const if isinstance(length, Length) and length.is_concrete else length
+    limit = top if isinstance(top, int) else np.iinfo(np.int64).max + 1
+    # compared as Python ints: uint64 values past int64 and negative int8 values alike
+    bad = [int(i) for i in (idx.min(), idx.max()) if not 0 <= int(i) < limit]
+    if bad:
+        bound = f"[0, {length})" if isinstance(top, int) else "[0, 2**63) (a 64-bit index)"
+        raise IndexRangeError(f"gather index {bad[0]} is outside {bound} of the list {list_type} (indices of "
+                              f"dtype {idx.dtype})", op="gather")
+    return idx.astype(np.int64)
+
+
+def window_args(size, stride, padding) -> tuple[int, int, int, int]:
+    """A window's (size, stride, left, right), checked: `padding` is an int (both ends) or a
+    (left, right) pair, each less than the size: more padding only adds windows made entirely
+    of zeros (a padding of 2**40 would add 2**41 of them)."""
+    size = _as_int(size, "the window size", "window")
+    stride = _as_int(stride, "the stride", "window")
     pair = (padding, padding) if np.ndim(padding) == 0 else tuple(padding)
     if len(pair) != 2:
         raise WindowError(f"padding must be an int or a (left, right) pair, got {padding!r}", op="window")
-    return _as_int(pair[0], "the padding", "window"), _as_int(pair[1], "the padding", "window")
+    left, right = (_as_int(p, "the padding", "window") for p in pair)
+    if size < 1 or stride < 1 or not (0 <= left < size and 0 <= right < size):
+        raise WindowError(f"needs size >= 1, stride >= 1 and 0 <= padding < size on each side (more padding only "
+                          f"adds windows of zeros), got size={size}, stride={stride}, padding=({left}, {right})",
+                          op="window")
+    return size, stride, left, right
 
 
 def _nest_depth(node) -> tuple[int, bool]:

@@ -114,6 +114,7 @@ PRIMITIVES = {p.name: p for p in (
     Primitive("getitem", lambda x, key: x[key]),  # a static key: see `getitem_axes`
     Primitive("transpose", lambda x: np.swapaxes(x, -1, -2)),  # `x.T` of the 2-D tiles
     Primitive("copy", np.copy),  # the tracer's copy of a view into a fresh buffer
+    Primitive("astype", lambda x, dtype: np.asarray(x).astype(dtype)),  # `x.astype(d)`; matmul's operands
     # element math (`ft.tanh`, ...)
     Primitive("tanh", np.tanh),
     Primitive("sigmoid", lambda x: 0.5 * (1 + np.tanh(0.5 * x))),  # cannot overflow

@@ -8,12 +8,12 @@ import numpy as np
 import pandas as pd
 
 from polyft.deps.analyze import analyze as dependences
-from polyft.deps.model import build
+from polyft.deps.model import build, check_sizes
 from polyft.emit.c_statements import native_dtype
 from polyft.emit.c_target import CTarget
 from polyft.emit.targets import select
 from polyft.schedule.coarsen import coarsen as coarsen_etdg
-from polyft.schedule.schedule import make_schedule
+from polyft.schedule.schedule import make_schedule, schedule_kind
 from polyft.schedule.storage import Storage, extents, storage_mapping
 
 from .errors import InputError, PolyftError
@@ -28,9 +28,10 @@ class Program:
     def __init__(self, fn, args, schedule="auto", sizes=None, coarsen=None):
         self._storage = self._local = None
         self.fn = fn
+        schedule = schedule_kind(schedule)  # a wrong schedule= fails before tracing
         self.traced = trace(fn, *args)
         self.coarsen_log: list = []
-        if coarsen if coarsen is not None else schedule == "auto":
+        if coarsen if coarsen is not None else isinstance(schedule, str) and schedule == "auto":
             self.etdg, self.coarsen_log = coarsen_etdg(self.traced)
         else:
             self.etdg = self.traced
@@ -65,7 +66,7 @@ class Program:
         for s in self.storage.buffers.values():
             buf = s.buffer
             width = self.local_width(buf)
-            elem = int(np.prod(buf.element_shape, dtype=np.int64)) * np.dtype(buf.dtype).itemsize
+            elem = int(np.prod(buf.element_shape, dtype=np.int64)) * native_dtype(buf.dtype).itemsize  # as stored
             cells = int(np.prod(extents(s.cell_dims(width), env, buf.dims), dtype=np.int64)) * elem
             mapping = s.mapping if width is None else s.local[width][1]
             rows.append(dict(buffer=buf.name, role=ROLES[buf.kind],
@@ -133,7 +134,14 @@ class CompiledProgram(Program):
         return self._run.bind([storage[b] for b in self.layout.buffers], values)
 
     def _bind(self, inputs):
-        """Check the inputs (before any native code runs) and allocate every buffer."""
+        """Check the inputs and the captured constants (before any native code runs) and
+        allocate every buffer."""
+        changed = [c for c in self.traced.captured if c.changed()]
+        if changed:
+            c = changed[0]
+            raise InputError(f"the numpy array {c.array.dtype}{list(c.array.shape)} captured as a constant "
+                             f"{'at ' + c.where if c.where else ''} changed after compiling: the compiled code holds "
+                             "its old value; pass it as an input to the program, or compile again", op="call")
         if len(inputs) != len(self.etdg.inputs):
             raise InputError(f"expected {len(self.etdg.inputs)} inputs "
                              f"({', '.join(n for n, _ in self.etdg.inputs)}), got {len(inputs)}", op="call")
@@ -163,7 +171,7 @@ def analyze(fn, *inputs_or_specs, schedule="auto", sizes=None, coarsen=None) -> 
     """Trace `fn`, build its ISL model and dependences, and schedule it.
 
     `schedule`: "auto" (the paper's reordering), "original" (the nest as written), or an ISL
-    schedule (string or isl.UnionMap) to check and use. `sizes` (e.g. {"L": 8}) fixes
+    schedule (string, isl.UnionMap or isl.Map) to check and use. `sizes` (e.g. {"L": 8}) fixes
     symbolic lengths as an ISL context; with all lengths known, `sequential_steps` is set.
     `coarsen` (default: with the "auto" schedule) runs the §5.1 coarsening passes first;
     `prog.traced` is the ETDG as traced, `prog.etdg` the one scheduled, `prog.coarsen_log`
@@ -186,15 +194,7 @@ ROLES = {"input": "input", "output": "output", "intermediate": "intermediate", "
 
 def _lengths(model, sizes) -> dict:
     """The model's lengths with `sizes` for those it was built without, checked."""
-    sizes = dict(sizes or {})
-    unknown = sorted(set(sizes) - set(model.params))
-    if unknown:
-        raise PolyftError(f"sizes name unknown lengths {unknown}; the program's lengths are {model.params}",
-                          op="memory")
-    bad = {k: v for k, v in sizes.items() if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0}
-    if bad:
-        raise PolyftError(f"sizes must be non-negative integers, got {bad}", op="memory")
-    env = {**model.sizes, **{k: int(v) for k, v in sizes.items()}}
+    env = {**model.sizes, **check_sizes(sizes, model.params, op="memory")}
     missing = [p for p in model.params if p not in env]
     if missing:
         raise PolyftError(f"memory() needs sizes for the lengths {missing} (e.g. sizes={{'{missing[0]}': 8}})",

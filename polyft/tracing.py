@@ -10,9 +10,11 @@ view's access map.
 from __future__ import annotations
 
 import ast
+import collections
 import contextlib
 import inspect
 import itertools
+import sys
 import textwrap
 
 import numpy as np
@@ -21,9 +23,10 @@ from . import errors, pytree
 from .affine import Aff, Constraint, IterDim, Length, eq, ge
 from .errors import (AccessError, DepthError, EmptyReduceError, IndexRangeError, LengthMismatchError,
                      RaggedError, ReturnTypeError, StateTypeError, TracerControlFlowError, WindowError)
-from .etdg import (ETDG, Assumption, BlockNode, Buffer, Gather, OpNode, Piece, drop_dead_ops,
+from .etdg import (ETDG, Assumption, BlockNode, Buffer, Captured, Gather, OpNode, Piece, digest, drop_dead_ops,
                    merge_perfect_nests, referenced, walk)
-from .fractaltensor import FractalTensor, ListBase, Zip, unzip
+from .fractaltensor import (FractalTensor, ListBase, Zip, describe_operand, gather_indices, unzip,
+                           window_args)
 from .primitives import PRIMITIVES
 from .types import Spec
 
@@ -44,6 +47,12 @@ class _TraceState:
         self.reemitted: dict = {}  # (Value, block, run) -> its reload in that statement
         self.materialized: dict = {}  # Value -> the buffer it was stored into
         self.assumptions: list = []  # etdg.Assumption: conditions on lengths the program relies on
+        self.captured: dict = {}  # id -> etdg.Captured: the user's numpy arrays held as constants
+
+    def capture(self, a) -> None:
+        """Remember a user's numpy array the program holds as a constant (its content hash)."""
+        if isinstance(a, np.ndarray) and id(a) not in self.captured:
+            self.captured[id(a)] = Captured(a, digest(a), errors.user_location())
 
     def assume(self, expr: Length, op: str, kind: str = "ge", d: int = 1) -> None:
         """Record that the program needs `expr >= 0` (or d | expr) for its symbolic lengths."""
@@ -83,8 +92,8 @@ def _state() -> _TraceState:
 class Value:
     """A static-shape tensor inside a traced program: an operation node or a constant."""
 
-    __array_ufunc__ = None  # numpy defers to our reflected operators
     __array_priority__ = 1000
+    __hash__ = object.__hash__  # by identity: `__eq__` only refuses Python comparisons
     _traced = True
 
     def __init__(self, shape, dtype, node: OpNode | None = None, block=None, const=None):
@@ -121,6 +130,10 @@ class Value:
     def __neg__(self):
         return apply_op("neg", (self,), {})
 
+    def astype(self, dtype):
+        """The tile converted to `dtype` (numpy's `astype`)."""
+        return apply_op("astype", (self,), {"dtype": np.dtype(dtype).name})
+
     def __getitem__(self, key):
         return apply_op("getitem", (self,), {"key": key})
 
@@ -132,10 +145,74 @@ class Value:
 
     __bool__ = __int__ = __float__ = __index__ = __iter__ = _no_control_flow
 
+    def _comparison(symbol):
+        def f(self, other):
+            raise TracerControlFlowError(
+                f"`{symbol}` compares a traced {self.dtype}{list(self.shape)} value with {describe_operand(other)}: "
+                "the result is known only when the program runs, so Python's if/while cannot branch on it; "
+                "use ft.maximum / ft.minimum / ft.relu / arithmetic instead", op="control flow")
+        return f
+
+    __lt__, __le__, __gt__, __ge__ = _comparison("<"), _comparison("<="), _comparison(">"), _comparison(">=")
+    __eq__, __ne__ = _comparison("=="), _comparison("!=")
+    del _comparison
+
+    def _reduction(name):
+        def f(self, axis=None, keepdims=False):
+            return apply_op(name, (self,), {"axis": axis, "keepdims": keepdims})
+        f.__name__, f.__doc__ = name, f"numpy's `x.{name}(axis, keepdims)`, as `ft.{name}(x, axis, keepdims)`."
+        return f
+
+    sum, max, mean = _reduction("sum"), _reduction("max"), _reduction("mean")
+    del _reduction
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        """A numpy ufunc that is an operation of the table (`np.tanh(x)`, `np.add(x, y)`) is recorded
+        as that operation, like `ft.tanh(x)`; any other numpy function cannot run on a traced value."""
+        name = _UFUNCS.get(ufunc)
+        if name is None or method != "__call__" or kwargs:
+            how = (f".{method}" if method != "__call__" else "") + (f" with {', '.join(kwargs)}=" if kwargs else "")
+            raise _numpy_error(ufunc.__name__, self, how)
+        return apply_op(name, inputs, {})
+
+    def __array_function__(self, func, types, args, kwargs):
+        raise _numpy_error(func.__name__, self)
+
+    def __array__(self, dtype=None, copy=None):  # np.asarray(x), np.array(x)
+        raise _numpy_error("array", self)
+
+    def __getattr__(self, name):
+        """Only for names a tensor lacks: a list operator called on a tensor element is a depth error."""
+        if name.startswith("_"):  # Python's and numpy's protocols (copy, pickle, __array__ ...)
+            raise AttributeError(name)
+        if hasattr(ListBase, name):
+            raise DepthError(f"`.{name}` is a list operator, but this is a tensor element {self.dtype}"
+                             f"{list(self.shape)} (depth 0), not a list: call it on the list itself, or map over "
+                             "a deeper list whose elements are lists", op=name)
+        raise AttributeError(f"a traced tensor {self.dtype}{list(self.shape)} has no attribute {name!r}")
+
     def __len__(self):
         if not self.shape:
             raise TypeError("len() of a 0-d tensor")
         return self.shape[0]
+
+
+# numpy ufuncs that are exactly an operation of the table (`primitives.PRIMITIVES`)
+_UFUNCS = {np.add: "add", np.subtract: "sub", np.multiply: "mul", np.true_divide: "truediv",
+           np.negative: "neg", np.matmul: "matmul", np.tanh: "tanh", np.exp: "exp", np.log: "log",
+           np.sqrt: "sqrt", np.maximum: "maximum", np.minimum: "minimum"}
+# the table's operations that are Python operators or internal, not `ft.` functions
+_NOT_FT = {"add", "sub", "mul", "truediv", "neg", "getitem", "copy", "astype"}
+_FT_NAMES = {"amax": "max", "concatenate": "concat", "swapaxes": "transpose"}
+
+
+def _numpy_error(func: str, value: Value, how: str = "") -> TracerControlFlowError:
+    """numpy computes on arrays; a traced value's contents exist only when the program runs."""
+    name = _FT_NAMES.get(func, func)
+    hint = f"ft.{name}" if name in PRIMITIVES and name not in _NOT_FT else \
+        "polyft's element math (ft.tanh, ft.exp, ft.maximum, ft.sum, ...) and + - * / @"
+    return TracerControlFlowError(f"numpy's {func}{how} cannot compute on {describe_operand(value)}: its contents "
+                                  f"are known only when the program runs; use {hint} instead", op=f"np.{func}")
 
 
 def _dummy(shape, dtype):
@@ -167,11 +244,28 @@ def apply_op(name: str, args, attrs) -> Value:
             shapes = " and ".join(f"{v.dtype}{list(v.shape)}" for v in vals)
             raise errors.ShapeError(f"{name} of {shapes}: {e}", op=name) from None
     out = np.asarray(out)
+    vals = _promoted(name, vals, args, out.dtype)
     st = _state()
     node = OpNode(name, [_use(v) for v in vals], out.shape, out.dtype.name, attrs,
                   where=errors.user_location())
     st.emit(node)
     return Value(out.shape, out.dtype.name, node, st.block)
+
+
+def _promoted(name, vals, args, dtype) -> list:
+    """The operands as the generated code computes them, by numpy's promotion (what eager
+    execution does): a Python number takes the result's dtype (int32 + 1 stays exact), and
+    a matmul's operands are cast to the result's dtype first (float32 @ float64 multiplies
+    doubles), so the kernels never mix element types inside a product."""
+    out = []
+    for v, a in zip(vals, args):
+        if v.const is not None and isinstance(a, (int, float)) and not isinstance(a, bool):
+            v = Value((), dtype.name, const=np.asarray(a, dtype=dtype))
+        elif name == "matmul" and v.dtype != dtype.name:
+            v = Value(v.shape, dtype.name, const=v.const.astype(dtype)) if v.const is not None else \
+                apply_op("astype", (v,), {"dtype": dtype.name})
+        out.append(v)
+    return out
 
 
 def _variadic_operands(name, args):
@@ -188,7 +282,11 @@ def _const_value(x, op="trace") -> Value:
         arr = np.asarray(x) if isinstance(x, np.generic) else np.asarray(x, dtype=np.float32)
         return Value((), arr.dtype.name, const=arr)
     if isinstance(x, np.ndarray):
+        _state().capture(x)
         return Value(x.shape, x.dtype.name, const=x)
+    if isinstance(x, ListBase):
+        raise DepthError(f"works on tensors, not on {describe_operand(x)}; apply it to each element with map",
+                         op=op)
     raise ReturnTypeError(f"expected a tensor, got {type(x).__name__}", op=op)
 
 
@@ -379,11 +477,8 @@ class FTTracer(ListBase):
                              [length] + self.lengths[1:], [q] + self.places[1:])
 
     def window(self, size: int, stride: int = 1, padding=0):
-        lo, hi = (padding, padding) if isinstance(padding, int) else padding
+        size, stride, lo, hi = window_args(size, stride, padding)
         n = self.lengths[0]
-        if size < 1 or stride < 1 or lo < 0 or hi < 0:
-            raise WindowError(f"window size {size}, stride {stride}, padding {padding}: all must be positive",
-                              op="window")
         if n.is_concrete and size > n.const + lo + hi:
             raise WindowError(f"window of size {size} is larger than the list of length {n}"
                               + (f" padded by {lo}+{hi}" if lo or hi else "") + f" ({self.type_string})",
@@ -433,24 +528,21 @@ class FTTracer(ListBase):
         return self._reindex(env, [merged] + self.lengths[2:], [t] + self.places[2:])
 
     def gather(self, indices):
-        idx = np.asarray(indices)
-        if idx.ndim == 1 and idx.size == 0:
-            idx = idx.astype(np.int64)  # `[]` is a float array to numpy; eagerly it gathers nothing
-        if idx.ndim != 1 or not np.issubdtype(idx.dtype, np.integer):
-            raise IndexRangeError(f"gather needs a 1-D integer index list, got {idx.dtype}{list(idx.shape)}",
-                                  op="gather")
+        _state().capture(indices)
         n = self.lengths[0]
-        if idx.size and (idx.min() < 0 or (n.is_concrete and idx.max() >= n.const)):
-            bad = idx[(idx < 0) | (idx >= n.const if n.is_concrete else False)][0]
-            raise IndexRangeError(f"gather index {bad} out of range for a list of length {n} "
-                                  f"({self.type_string})", op="gather")
+        idx = gather_indices(indices, n, self.type_string)
         st = _state()
         if idx.size and not n.is_concrete:
             st.assume(n - int(idx.max()) - 1, "gather")
-        ib = st.new_buffer([idx.size], (), idx.dtype.name, "index", idx.astype(np.int64))
         q = self._new_place()
-        env = {self.places[0]: Gather(Aff.of(q), ib)}
-        pieces = [_substitute_gather(pc, env) for pc in self.pieces]
+        buffers = {}  # index values -> their buffer, one per distinct list of positions
+
+        def index_buffer(values):
+            key = values.tobytes()
+            if key not in buffers:
+                buffers[key] = st.new_buffer([values.size], (), "int64", "index", values)
+            return buffers[key]
+        pieces = [_substitute_gather(pc, self.places[0], q, idx, index_buffer) for pc in self.pieces]
         return FTTracer([Length.of(idx.size)] + self.lengths[1:], [q] + self.places[1:], pieces,
                         self._element_shape, self._dtype)
 
@@ -463,20 +555,24 @@ class FTTracer(ListBase):
         return FTTracer([n] + self.lengths, [q] + self.places, self.pieces, self._element_shape, self._dtype)
 
 
-def _substitute_gather(pc: Piece, env):
-    """Substitute a Gather into a piece: only a plain placeholder index may become indirect."""
-    (place, g), = env.items()
-    index = []
-    for ix in pc.index:
-        if isinstance(ix, Aff) and place in ix.dims:
-            if ix.terms != {place: 1} or ix.divs or str(ix.offset) != "0":
-                raise AccessError("gather of a shifted/strided view is not supported; gather first",
-                                  op="gather")
-            index.append(g)
-        else:
-            index.append(ix)
+def _substitute_gather(pc: Piece, place, q, idx, index_buffer) -> Piece:
+    """The piece read at `idx[q]` in place of the view's placeholder `place`. The coordinate reading
+    `place` must be `c * place + o` (o concrete) and becomes the gather of `c * idx + o`; a
+    coordinate that is already a gather `a[c * place + o]` becomes the gather of `a[c * idx + o]`."""
     if any(place in c.expr.dims for c in pc.conds):
         raise AccessError("gather of a padded or piecewise view is not supported", op="gather")
+    index = []
+    for ix in pc.index:
+        if place not in ix.dims:
+            index.append(ix)
+            continue
+        aff = ix.pos if isinstance(ix, Gather) else ix
+        if set(aff.terms) != {place} or aff.divs or not aff.offset.is_concrete:
+            raise AccessError(f"gather of a view that reads its list at {ix} (not c * i + constant) is not "
+                              "supported; gather first", op="gather")
+        positions = aff.terms[place] * idx + aff.offset.const
+        index.append(Gather(Aff.of(q), index_buffer(ix.index.value[positions] if isinstance(ix, Gather)
+                                                     else positions)))
     return Piece(pc.conds, pc.buffer, tuple(index), pc.const)
 
 
@@ -825,7 +921,10 @@ def trace(fn, *args) -> ETDG:
             b, v = _input(st, name, arg)
             inputs.append((name, b))
             traced_args.append(v)
-        res = _result(fn(*traced_args), "return")
+        try:
+            res = _result(fn(*traced_args), "return")
+        except RecursionError as e:
+            raise _endless_recursion(e) from None
         out_names = _return_names(fn)
         outputs = []
         out_leaves = pytree.leaves(res)
@@ -849,9 +948,25 @@ def trace(fn, *args) -> ETDG:
             fn_name = getattr(fn, "__module__", "program").rsplit(".", 1)[-1]
         etdg = ETDG(fn_name, st.root, inputs, outputs, res, buffers)
         etdg.assumptions = list(dict.fromkeys(st.assumptions))  # in order, without repeats
+        etdg.captured = list(st.captured.values())
         return etdg
     finally:
         _STATE = None
+
+
+def _endless_recursion(e: RecursionError) -> TracerControlFlowError:
+    """Tracing runs the user's Python once, so a recursion that stops only on a value known at run
+    time never stops: name the user function that called itself most."""
+    counts = collections.Counter(f.name for f in errors.user_frames(e.__traceback__))
+    name, n = counts.most_common(1)[0] if counts else ("the program", 1)
+    limit = f"Python's recursion limit ({sys.getrecursionlimit()})"
+    if n < 2:  # no user function recursed: the program nests too deeply for the tracer's own recursion
+        message = f"tracing {name} went past {limit}: the program nests too deeply (raise sys.setrecursionlimit)"
+    else:
+        message = (f"{name} recursed {n} times while tracing, past {limit}: a traced function runs once, on "
+                   "values known only when the program runs, so a recursion must stop on Python values (ints, "
+                   "concrete lengths); repeat with ft.map / ft.foldl / ft.scanl instead")
+    return TracerControlFlowError(message, op="trace", where=errors.user_location(e.__traceback__))
 
 
 def _name_blocks(root):

@@ -19,7 +19,7 @@ from polyft.errors import ScheduleError
 from polyft.etdg import OpNode, access_maps
 from polyft.primitives import getitem_axes
 
-_IDENTITY_OPS = {"neg", "copy", "tanh", "sigmoid", "exp", "log", "sqrt", "relu"}
+_IDENTITY_OPS = {"neg", "copy", "astype", "tanh", "sigmoid", "exp", "log", "sqrt", "relu"}
 _BROADCAST_OPS = {"add", "sub", "mul", "truediv", "maximum", "minimum"}
 
 

@@ -322,35 +322,100 @@ def sequential_steps(model: PolyModel, per_statement: dict, parallel: list, deps
     return count
 
 
+ACCEPTED = '"auto", "original", an ISL schedule string, or an isl.UnionMap (or isl.Map)'
+
+
+def schedule_kind(kind):
+    """What `schedule=` names: "auto" or "original" as they are, a user's schedule as an
+    isl.UnionMap (read from its string); anything else is a ScheduleError."""
+    if isinstance(kind, str):
+        if kind in ("auto", "original"):
+            return kind
+        try:
+            return isl.UnionMap(kind)
+        except isl.Error as e:
+            raise ScheduleError(f"cannot read the schedule {kind!r} as an ISL union map ({e}); schedule= takes "
+                                f"{ACCEPTED}", op="schedule") from None
+    if isinstance(kind, isl.Map):
+        return isl.UnionMap.from_map(kind)
+    if isinstance(kind, isl.UnionMap):
+        return kind
+    raise ScheduleError(f"schedule= takes {ACCEPTED}; got the {type(kind).__name__} {kind!r}", op="schedule")
+
+
 def make_schedule(model: PolyModel, deps: Dependences, kind="auto") -> Schedule:
     """`kind`: "auto" (hyperplane reordering), "original" (the nest as written), or an ISL
     schedule (isl.UnionMap or its string) that a user supplies; each is checked legal."""
-    if isinstance(kind, (str, isl.UnionMap)) and kind not in ("auto", "original"):
-        try:
-            user = kind if isinstance(kind, isl.UnionMap) else isl.UnionMap(kind)
-        except isl.Error as e:
-            raise ScheduleError(f"cannot read the schedule {kind!r} as an ISL union map ({e})",
-                                op="schedule") from None
-        per = {}
-        for m in maps(user.intersect_params(model.context)):
-            per[m.get_tuple_name(isl.dim_type.in_)] = m
-        missing = set(model.domains) - set(per)
-        if missing:
-            raise ScheduleError(f"the schedule gives no time to {sorted(missing)}", op="schedule")
-        unknown = set(per) - set(model.domains)
-        if unknown:
-            raise ScheduleError(f"the schedule names statements the program does not have: {sorted(unknown)}; "
-                                f"its statements are {sorted(model.domains)}", op="schedule")
-        for name, dom in model.domains.items():  # a dependence is only checked where both ends have a time
-            untimed = dom.subtract(per[name].domain())
-            if not untimed.is_empty():
-                raise ScheduleError(f"the schedule gives no time to the instances {untimed}", op="schedule")
-            if not per[name].intersect_domain(dom).is_single_valued():
-                raise ScheduleError(f"the schedule gives instances of {name} more than one time: {per[name]}",
-                                    op="schedule")
-        return _finish("user", model, deps, per, [])
+    kind = schedule_kind(kind)
+    if isinstance(kind, isl.UnionMap):
+        return _finish("user", model, deps, user_schedule(model, kind), [])
     per, bs = schedule_maps(model, deps, kind)
     return _finish(kind, model, deps, per, bs)
+
+
+def _instance(dom: isl.Set) -> str:
+    """A statement's instance tuple, as its domain names it: `S_b0[i, j]`."""
+    dims = [dom.get_dim_name(isl.dim_type.set, k) for k in range(dom.dim(isl.dim_type.set))]
+    return f"{dom.get_tuple_name()}[{', '.join(dims)}]"
+
+
+def user_schedule(model: PolyModel, user: isl.UnionMap) -> dict:
+    """Statement name -> its time map, from a user's schedule: every statement of the program, each
+    instance exactly one time vector, all of one length (`_finish` checks that no two share one)."""
+    found = maps(user.intersect_params(model.context))
+    unknown = {m.get_tuple_name(isl.dim_type.in_) for m in found} - set(model.domains)
+    if unknown:
+        raise ScheduleError(f"the schedule names statements the program does not have: {sorted(unknown, key=str)}; "
+                            f"its statements are {sorted(model.domains)}", op="schedule")
+    per, width = {}, None
+    for m in found:
+        name = m.get_tuple_name(isl.dim_type.in_)
+        dom = model.domains[name]
+        if m.dim(isl.dim_type.in_) != dom.dim(isl.dim_type.set):
+            raise ScheduleError(f"the schedule maps {name} instances of {m.dim(isl.dim_type.in_)} dims ({m}), but "
+                                f"{name} has {dom.dim(isl.dim_type.set)}: {_instance(dom)}", op="schedule")
+        m = m.reset_tuple_id(isl.dim_type.out).intersect_domain(dom)  # time vectors are anonymous
+        if width is not None and m.dim(isl.dim_type.out) != width[1]:
+            raise ScheduleError(f"time vectors must have one length: {width[0]} gets {width[1]} dims, {name} gets "
+                                f"{m.dim(isl.dim_type.out)} ({m}); pad the shorter ones with 0", op="schedule")
+        width = width or (name, m.dim(isl.dim_type.out))
+        per[name] = per[name].union(m) if name in per else m
+    missing = set(model.domains) - set(per)
+    if missing:
+        raise ScheduleError(f"the schedule gives no time to {sorted(missing)}", op="schedule")
+    for name, dom in model.domains.items():  # a dependence is only checked where both ends have a time
+        untimed = dom.subtract(per[name].domain())
+        if not untimed.is_empty():
+            raise ScheduleError(f"the schedule gives no time to the instances {untimed}", op="schedule")
+        if not per[name].is_single_valued():
+            raise ScheduleError(f"the schedule gives instances of {name} more than one time: {per[name]}",
+                                op="schedule")
+    return per
+
+
+def _check_injective(per: dict, sizes: dict) -> None:
+    """No two instances (of one statement or of two) at one time: nothing would order them. The
+    error shows one such pair, with the lengths (those not fixed by `sizes`) it needs."""
+    times = union(isl.UnionMap.from_map(m) for m in per.values())
+    clash = times.apply_range(times.reverse()).subtract(times.domain().identity())
+    if clash.is_empty():
+        return
+    pair = maps(clash)[0].sample()
+    first, second = _point(pair.domain()), _point(pair.range())
+    time = per[pair.get_tuple_name(isl.dim_type.in_)].intersect_domain(isl.Set.from_basic_set(pair.domain()))
+    at = pair.domain().sample_point()
+    lengths = ", ".join(f"{p} = {at.get_coordinate_val(isl.dim_type.param, k).to_python()}"
+                        for k, p in enumerate(param_names(pair.get_space())) if p not in sizes)
+    raise ScheduleError(f"the schedule runs two instances at one time: {first} and {second} are both at "
+                        f"{_point(time.range())}" + (f" (for {lengths})" if lengths else "")
+                        + "; give every instance its own time vector", op="schedule")
+
+
+def _point(s) -> str:
+    """A point of an ISL set as `S_b0[1, 0]`."""
+    p = s.sample_point()
+    coords = [p.get_coordinate_val(isl.dim_type.set, k).to_python() for k in range(s.dim(isl.dim_type.set))]
+    return f"{s.get_tuple_name() or ''}[{', '.join(map(str, coords))}]"
 
 
 def schedule_maps(model: PolyModel, deps: Dependences, kind: str = "auto") -> tuple[dict, list]:
@@ -369,6 +434,8 @@ def _band_T(bs) -> dict:
 
 def _finish(kind, model, deps, per, bs) -> Schedule:
     check_legal(per, deps)
+    if kind == "user":  # after check_legal: a violated dependence is the more telling error
+        _check_injective(per, model.sizes)
     parallel = parallel_dims(per, deps)
     steps = sequential_steps(model, per, parallel, deps)
     T = _statement_T(model, _band_T(bs)) if kind != "user" else {}

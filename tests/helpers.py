@@ -46,3 +46,19 @@ def assert_same(got, expected):
         assert isinstance(got, np.ndarray) and got.shape == expected.shape, (got, expected.shape)
     err = rel_error(got, expected)
     assert err < TOL, f"relative error {err:.2e}"
+
+
+def compiler_calls(monkeypatch) -> list:
+    """The compiler runs (not `cc --version`) made through emit.runtime_c from now on: a list
+    that grows with the argument list of each."""
+    import subprocess
+
+    from polyft.emit import runtime_c
+    calls, real = [], subprocess.run
+
+    def spy(args, *a, **k):
+        if "-o" in args:
+            calls.append(args)
+        return real(args, *a, **k)
+    monkeypatch.setattr(runtime_c.subprocess, "run", spy)
+    return calls

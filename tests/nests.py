@@ -226,7 +226,7 @@ def transforms(draw, n, kit: Kit):
     if kind == "window":
         pad = draw(st.sampled_from(kit.window_pads))
         lo, hi = (pad, pad) if isinstance(pad, int) else pad
-        size = draw(st.integers(1, min(3, n + lo + hi)))
+        size = draw(st.integers(max(lo, hi) + 1, min(3, n + lo + hi)))  # padding < size (window_args)
         stride = draw(st.integers(1, 2))
         return ("window", size, stride, pad), (n + lo + hi - size) // stride + 1, False
     if kind == "gather":

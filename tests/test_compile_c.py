@@ -31,7 +31,7 @@ from polyft.errors import CompileError, InputError, PolyftError
 from polyft.testing import rel_error
 from polyft.workloads import WORKLOADS, stacked_rnn
 
-from helpers import TOL, assert_same, flist, rand
+from helpers import TOL, assert_same, compiler_calls, flist, rand
 
 SCHEDULES = ("original", "auto")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -276,19 +276,6 @@ def test_pragmas_mark_parallel_loops_only(name, schedule):
 
 
 # -- the cache -------------------------------------------------------------------------------
-def gcc_calls(monkeypatch):
-    """Count the compiler runs (not `cc --version`) made through emit.runtime_c."""
-    calls = []
-    real = subprocess.run
-
-    def spy(args, *a, **k):
-        if "-o" in args:
-            calls.append(args)
-        return real(args, *a, **k)
-    monkeypatch.setattr(runtime_c.subprocess, "run", spy)
-    return calls
-
-
 def so_path(prog):
     """The shared object of a compiled program (already built: this only looks it up)."""
     return runtime_c.build(prog.source)
@@ -304,7 +291,7 @@ def test_same_program_gives_the_same_source():
 
 def test_same_source_compiles_once(tmp_path, monkeypatch):
     monkeypatch.setenv("POLYFT_CACHE", str(tmp_path))
-    calls = gcc_calls(monkeypatch)
+    calls = compiler_calls(monkeypatch)
     fn = PROGRAMS["fold to a tensor"]
     p1 = ft.compile(fn, *SPECS)
     assert len(calls) == 1

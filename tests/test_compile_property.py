@@ -12,10 +12,12 @@ softmax, concat, static slicing, transpose). Sometimes a view of the input is re
 
 Half of the examples are compiled from `ft.spec`s (symbolic lengths), half from the concrete
 inputs; the inputs are fresh seeded random data. Programs are tiny, so gcc is quick; compiled
-objects go to a temporary cache directory (POLYFT_CACHE).
+objects go to a temporary cache directory (POLYFT_CACHE). A longer run with other examples:
+`POLYFT_EXAMPLES=1000 pytest tests/test_compile_property.py --hypothesis-seed=7`.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import pytest
@@ -28,7 +30,7 @@ from polyft.errors import AccessError
 from helpers import assert_same
 from nests import Kit, bodies, list_lengths, nest_inputs, nest_program, nest_specs, transforms
 
-EXAMPLES = 100  # per schedule
+EXAMPLES = int(os.environ.get("POLYFT_EXAMPLES", 100))  # per schedule; more: POLYFT_EXAMPLES=1000
 
 pytestmark = pytest.mark.usefixtures("compile_cache")  # conftest.py: a temporary POLYFT_CACHE
 

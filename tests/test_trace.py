@@ -126,7 +126,7 @@ def windows(draw):
     stride = draw(st.integers(1, 3))
     padding = draw(st.integers(0, 2) | st.tuples(st.integers(0, 2), st.integers(0, 2)))
     lo, hi = (padding, padding) if isinstance(padding, int) else padding
-    assume(size <= n + lo + hi)
+    assume(size <= n + lo + hi and max(lo, hi) < size)  # padding < size (window_args)
     return n, size, stride, padding
 
 
