@@ -2,9 +2,10 @@
 pointers, strides), one function per statement (its operation nodes as macro-kernels), and
 `polyft_run`, the schedule's ISL AST with OpenMP on the outermost parallel loop of each nest.
 
-Buffers the storage places "local" (c_family.local_widths) live in a scratch per thread:
-`polyft_run` allocates one block of them per OpenMP thread, and each parallel region gives
-its threads their own copy of the context whose pointers to those buffers are the thread's.
+Buffers the storage places "local" (c_family.local_widths) live in a scratch per thread, and
+so do a statement's tile temporaries when they are too large for a thread's stack: one block
+per OpenMP thread, kept from call to call, and each parallel region gives its threads their
+own copy of the context whose pointers into the scratch are the thread's.
 """
 from __future__ import annotations
 
