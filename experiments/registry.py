@@ -27,8 +27,9 @@ ARTEFACTS = {
         "deps_time.csv": "How long tracing, the ISL model and the dependence analysis take per workload at the "
                          "paper's sizes, with symbolic and concrete lengths."}),
     "schedule_vs_isl": Artefact("polyft.experiments.schedule_vs_isl", "§5.2 reordering", {
-        "schedule_vs_isl.csv": "Parallel loop dims and sequential steps of polyft's schedule against the nest as "
-                               "written and against isl's own scheduler, per workload."}),
+        "schedule_vs_isl.csv": "Parallel loop dims, sequential steps and steps as the generated C runs them of "
+                               "polyft's schedule against the nest as written and against isl's own scheduler, "
+                               "beside the program's critical path, per workload."}),
     "cpu_rnn": Artefact("polyft.experiments.cpu_rnn", "CPU timings of the RNN family", {
         "cpu_rnn.csv": "Eager numpy, generated C (original and auto schedules), torch per-cell loops and "
                        "torch.nn.LSTM on the RNN workloads at a few depths, on the CPU."}),

@@ -17,7 +17,15 @@ Reported per schedule (the same code measures all three, on the flat schedule ma
   and carry no dependence (``schedule.parallel_dims``: nothing carried at that level);
 * ``sequential_steps``: ``schedule.sequential_steps`` with the dependences — distinct values
   of the sequential dims, a dim being parallel or sequential per subtree of the schedule
-  (the critical path in steps when every parallel dim runs at once);
+  (steps when every parallel dim runs at once: the paper's count, e.g. L + D - 1 for the
+  stacked RNN);
+* ``steps_as_run``: ``Schedule.steps_as_run`` — statement instances one thread runs one after
+  the other in the C target's code for that schedule, which runs only the outermost parallel
+  loop of each nest in parallel (schedule/steps.py);
+* ``critical_path``: ``Schedule.critical_path`` — statement instances on the longest chain of
+  flow dependences of the model the schedule runs (deps/critical.py): the coarsened ETDG for
+  polyft-auto and isl, the traced one for polyft-original. The lower bound on both step counts
+  (all three count statement instances of that model);
 * ``seconds``: median of 5 runs of computing the schedule map alone (ours: bands, π, T and
   the maps; isl: ``compute_schedule`` + ``get_map``), not the legality check or the counting;
   polyft-auto's coarsening, which runs before it, is timed separately in ``note``.
@@ -37,10 +45,12 @@ import islpy as isl
 import pandas as pd
 
 import polyft as ft
-from polyft.deps.isl_helpers import maps
+from polyft.deps.critical import critical_path
+from polyft.deps.isl_helpers import maps, union_map
 from polyft.workloads import WORKLOADS
 from polyft.schedule.coarsen import coarsen
 from polyft.schedule.schedule import check_legal, parallel_dims, schedule_maps, sequential_steps
+from polyft.schedule.steps import steps_as_run
 
 from .common import main, meta
 
@@ -132,8 +142,9 @@ def _pad(per: dict) -> dict:
     return out
 
 
-def measure(model, deps, per: dict) -> tuple[int, int]:
-    """(parallel loop dims, sequential steps) of a schedule given per statement."""
+def measure(model, deps, per: dict) -> tuple[int, int, int]:
+    """(parallel loop dims, sequential steps, steps as the C code runs them) of a schedule given
+    per statement."""
     check_legal(per, deps)
     parallel = parallel_dims(per, deps)
     loops = set()  # time dims that take more than one value for some statement
@@ -145,7 +156,10 @@ def measure(model, deps, per: dict) -> tuple[int, int]:
                     img.project_out(isl.dim_type.set, k + 1, width - k - 1).project_out(isl.dim_type.set, 0, k)):
                 loops.add(k)
     par = sum(1 for k in loops if parallel[k])
-    return par, sequential_steps(model, per, parallel, deps)
+    space = isl.Space.params_alloc(model.context.get_ctx(), 0)
+    timed = union_map((m.intersect_domain(model.domains[n]) for n, m in per.items()), space)  # isl's: unbounded
+    as_run = steps_as_run(model, timed, parallel)
+    return par, sequential_steps(model, per, parallel, deps), as_run
 
 
 def _is_singleton(s: isl.Set) -> bool:
@@ -180,23 +194,29 @@ def compare(name: str, preset: str) -> list[dict]:
             if kind == "auto":
                 _, c_secs, _ = _median_time(lambda: coarsen(prog.traced))
                 extra += f"; coarsening (not in seconds) {1e3 * c_secs:.1f} ms"
-        par, steps = measure(model, deps, per)
+        par, steps, as_run = measure(model, deps, per)
         rows.append(dict(workload=name, preset=preset, system=system, parallel_dims=par,
-                         sequential_steps=steps, seconds=secs, note=note + extra))
+                         sequential_steps=steps, steps_as_run=as_run, critical_path=critical_path(model, deps),
+                         seconds=secs, note=note + extra))
     # the library's own numbers agree with ours
-    assert prog.schedule.sequential_steps == rows[0]["sequential_steps"], (name, prog.schedule, rows[0])
-    assert orig.schedule.sequential_steps == rows[1]["sequential_steps"], (name, orig.schedule, rows[1])
+    for p, row in ((prog, rows[0]), (orig, rows[1])):
+        for k in ("sequential_steps", "steps_as_run", "critical_path"):
+            assert getattr(p.schedule, k) == row[k], (name, k, p.schedule, row)
     return rows
 
 
 def markdown(df: pd.DataFrame) -> str:
     lines = ["| workload | preset | parallel dims (auto / original / isl) | sequential steps (auto / original / isl) "
-             "| ms to schedule (auto / isl) |", "|---|---|---|---|---|"]
+             "| steps as run in C (auto / original / isl) | critical path (coarsened / traced) "
+             "| ms to schedule (auto / isl) |", "|---|---|---|---|---|---|---|"]
     for (w, p), g in df.groupby(["workload", "preset"], sort=False):
         r = {s: g[g.system == s].iloc[0] for s in SYSTEMS}
         lines.append(f"| {w} | {p} | {r['polyft-auto'].parallel_dims} / {r['polyft-original'].parallel_dims} / "
                      f"{r['isl'].parallel_dims} | {r['polyft-auto'].sequential_steps} / "
                      f"{r['polyft-original'].sequential_steps} / {r['isl'].sequential_steps} | "
+                     f"{r['polyft-auto'].steps_as_run} / {r['polyft-original'].steps_as_run} / "
+                     f"{r['isl'].steps_as_run} | {r['polyft-auto'].critical_path} / "
+                     f"{r['polyft-original'].critical_path} | "
                      f"{1e3 * r['polyft-auto'].seconds:.1f} / {1e3 * r['isl'].seconds:.1f} |")
     return "\n".join(lines)
 
@@ -208,13 +228,14 @@ def run(preset: str = "quick", out_dir: str = "results") -> pd.DataFrame:
         for name in WORKLOADS:
             rows += compare(name, p)
             print(f"[schedule_vs_isl] {name} {p}: " + ", ".join(
-                f"{r['system']} {r['parallel_dims']} par / {r['sequential_steps']} steps" for r in rows[-3:]),
+                f"{r['system']} {r['parallel_dims']} par / {r['sequential_steps']} steps / "
+                f"{r['steps_as_run']} as run / critical path {r['critical_path']}" for r in rows[-3:]),
                 flush=True)
     df = pd.DataFrame(rows)
     for k, v in meta().items():
         df[k] = v
-    df = df[["workload", "preset", "system", "parallel_dims", "sequential_steps", "seconds", "device", "commit",
-             "date", "note"]]
+    df = df[["workload", "preset", "system", "parallel_dims", "sequential_steps", "steps_as_run", "critical_path",
+             "seconds", "device", "commit", "date", "note"]]
     os.makedirs(out_dir, exist_ok=True)
     df.to_csv(os.path.join(out_dir, "schedule_vs_isl.csv"), index=False)
     print(markdown(df))

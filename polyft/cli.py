@@ -4,11 +4,16 @@ from __future__ import annotations
 import argparse
 import sys
 
+import islpy as isl
+
+from polyft.deps.isl_helpers import union_map
+from polyft.emit.isl_ast import build_ast
 from polyft.experiments.common import preset, preset_args
 from polyft.schedule.coarsen import coarsen
 from polyft.schedule.reorder import bounds
+from polyft.schedule.schedule import make_schedule, schedule_kind, time_rows, user_schedule
 
-from .errors import PolyftError
+from .errors import PolyftError, ScheduleError
 from .program import analyze
 from .tracing import trace
 from .workloads import WORKLOADS, get
@@ -47,16 +52,22 @@ def cmd_inspect(args) -> int:
         print("\ncoarsening (paper §5.1):")
         print("\n".join(f"  {line}" for line in log) or "  nothing to merge")
         print("\nafter coarsening:\n" + str(coarsened))
-    if args.deps or args.schedule or args.storage:
-        prog = analyze(mod.program, *specs, sizes=_sizes(args.size))
+    status = 0
+    if args.deps or args.schedule is not None or args.storage:
+        sizes = _sizes(args.size)
+        prog = analyze(mod.program, *specs, sizes=sizes) if args.deps or args.schedule is True or args.storage \
+            else None
         if args.deps:
             print("\n" + prog.model.describe())
             print(prog.deps.describe(prog.model.context))
-        if args.schedule:
+        if args.schedule is True:
             print("\n" + _schedules(prog))
+        elif args.schedule is not None:  # a user's schedule: 1 when it is illegal
+            text, status = _user_schedule(mod.program, specs, args.schedule, sizes)
+            print("\n" + text)
         if args.storage:
             print("\n" + _storage(prog))
-    return 0
+    return status
 
 
 def _storage(prog) -> str:
@@ -78,9 +89,14 @@ def _schedules(prog) -> str:
         lines.append(f"  {name}")
         lines.append(f"    original: {orig.per_statement[name].gist_params(ctx)}")
         lines.append(f"    auto:     {auto.per_statement[name].gist_params(ctx)}")
-        lines.append(f"    T = {auto.T[name].tolist()}")
+        rows, dom = time_rows(auto.per_statement[name]), prog.model.domains[name]
+        dims = ", ".join(dom.get_dim_name(isl.dim_type.set, k) for k in range(dom.dim(isl.dim_type.set)))
+        moved = [(k, r[1]) for k, r in enumerate(rows or []) if any(r[0])]  # the time dims T gives
+        shown = f": auto time dims {', '.join(f'c{k}' for k, _ in moved)} = T·[{dims}] + " \
+            f"[{', '.join(o for _, o in moved)}]" if rows is not None else ""
+        lines.append(f"    T = {auto.T[name].tolist()}{shown}")
         rng = bounds(prog.model, name, auto.reordering(prog.model, name))
-        lines.append("    bounds: " + ", ".join(f"{n} in {b}" for n, b in rng))
+        lines.append("    bounds of T·x, outer to inner: " + ", ".join(f"{n} in {b}" for n, b in rng))
     for label, s in (("original", orig), ("auto", auto)):
         kinds = ", ".join("par" if p else "seq" for p in s.parallel)
         steps = f", sequential steps {s.sequential_steps}" if s.sequential_steps is not None else \
@@ -88,7 +104,49 @@ def _schedules(prog) -> str:
         lines.append(f"  {label} time dims [{kinds}]{steps}")
     lines.append("bands:")
     lines += [ln for ln in auto.describe(ctx).splitlines() if ln.startswith("  band")]
+    if any(d.reversed for b in auto.bands for d in b.dims):
+        lines.append("  (a band's T acts on its dims in execution order: a right aggregate's dim x as its "
+                     "length - 1 - x; the T above, per statement, on the dims themselves)")
     return "\n".join(lines)
+
+
+def _user_schedule(fn, specs, text, sizes) -> tuple[str, int]:
+    """A user's schedule for the traced (not coarsened) program: per statement its time map and
+    matrix, whether it is legal (else the violating pair of instances), the time dims named
+    c0, c1, ... outer to inner as the loops of the ISL AST are, parallel or sequential, the
+    sequential steps, and the loop nest as C. (text, exit status: 0 legal, 1 not)."""
+    prog = analyze(fn, *specs, sizes=sizes, schedule="original")  # the same ETDG a user schedule sees
+    model, ctx = prog.model, prog.model.context
+    kind = schedule_kind(text)  # unreadable, unknown statements, wrong arity: an error (exit 2)
+    per = user_schedule(model, kind)
+    lines = [f"user schedule {text}:"]
+    for name, m in per.items():
+        lines.append(f"  {name}: {m.gist_params(ctx)}")
+        rows = time_rows(m)
+        if rows is not None:
+            dom = model.domains[name]
+            dims = [dom.get_dim_name(isl.dim_type.set, k) for k in range(dom.dim(isl.dim_type.set))]
+            lines.append(f"    [{', '.join(f'c{k}' for k in range(len(rows)))}] = "
+                         f"{[r[0] for r in rows]}·[{', '.join(dims)}] + [{', '.join(r[1] for r in rows)}]")
+    try:
+        schedule = make_schedule(model, prog.deps, kind)
+    except ScheduleError as e:  # a dependence violated, or two instances at one time
+        lines.append(f"legal: no: {e.detail}")
+        lines.append("loop nest (the ISL AST of this schedule; polyft generates no code for it):")
+        space = isl.Space.params_alloc(ctx.get_ctx(), 0)
+        lines += ["  " + ln for ln in build_ast(union_map(per.values(), space), ctx).to_C_str().splitlines()]
+        return "\n".join(lines), 1
+    names = [f"c{k}" for k in range(len(schedule.parallel))]
+    lines.append("legal: yes (every dependence runs forward in time, every instance has its own time)")
+    lines.append("time dims (outer to inner): " + ", ".join(f"{n} {'par' if p else 'seq'}"
+                                                          for n, p in zip(names, schedule.parallel)))
+    lines.append("parallel dims: " + (", ".join(n for n, p in zip(names, schedule.parallel) if p) or "none"))
+    missing = [p for p in model.params if p not in model.sizes]
+    lines.append(f"sequential steps: {schedule.sequential_steps}" if schedule.sequential_steps is not None
+                 else f"sequential steps: give concrete --size for {', '.join(missing)}")
+    lines.append("loop nest (ISL AST):")
+    lines += ["  " + ln for ln in build_ast(schedule.map, ctx).to_C_str().splitlines()]
+    return "\n".join(lines), 0
 
 
 def cmd_reproduce(args) -> int:
@@ -112,8 +170,10 @@ def main(argv=None) -> int:
                    help="print domains, access relations, dependences and distance vectors")
     p.add_argument("--coarsen", action="store_true",
                    help="print what the coarsening passes merge, and the ETDG after them")
-    p.add_argument("--schedule", action="store_true",
-                   help="print the original and transformed schedules (ISL strings, T, bounds)")
+    p.add_argument("--schedule", nargs="?", const=True, default=None, metavar="ISL",
+                   help="print the original and transformed schedules (ISL strings, T, bounds); with an ISL "
+                        "schedule (\"{ S_b0[i, j, k] -> [j + k, j, i] }\"), check that one instead: legality, "
+                        "parallel time dims, sequential steps, the loop nest (exit status 1 when illegal)")
     p.add_argument("--storage", action="store_true",
                    help="print the storage mapping: live accesses, contraction, placement, bytes per buffer")
     p.add_argument("--size", metavar="N=2,L=4", help="fix symbolic lengths (concrete ISL strings)")

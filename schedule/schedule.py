@@ -11,18 +11,20 @@ the original, or one a user supplies — is checked against the exact dependence
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import islpy as isl
 import numpy as np
 
 from polyft.deps.analyze import Dependences
+from polyft.deps.critical import critical_path as _critical_path
 from polyft.deps.isl_helpers import Namer, maps, param_names, param_prefix, schedule_map, union, union_map
 from polyft.deps.model import PolyModel
 from polyft.errors import ScheduleError
 from polyft.etdg import BlockNode
 
 from .reorder import Reordering, reorder_space, show_distances
+from .steps import steps_as_run as _steps_as_run
 
 
 @dataclass
@@ -59,13 +61,50 @@ class Band:
 
 @dataclass
 class Schedule:
+    """A checked schedule. Its step counts need concrete sizes (None while a length is
+    symbolic) and are all in statement instances of the model (one instance runs in one step;
+    a chain of k dependent instances needs k steps), so they compare directly:
+
+    * `sequential_steps`: steps when every parallel time dim runs at once, a dim being
+      parallel per subtree of the schedule (`sequential_steps()`). The paper's count (Tables
+      3/4; e.g. the stacked RNN's wavefront: L + D - 1), and the `sequential_steps` column of
+      results/schedule_vs_isl.csv.
+    * `steps_as_run` (computed on first use): the instances one thread runs one after the
+      other in the C target's code, which runs only the outermost parallel loop of each nest
+      in parallel (schedule/steps.py; the stacked RNN's batch loop, inside the parallel layer
+      loop of the wavefront, runs in a thread: N (L + D - 1)).
+    * `critical_path` (computed on first use): instances on the longest chain of flow
+      dependences (deps/critical.py), the lower bound on both for any schedule of the model.
+    """
+
     kind: str  # "auto", "original" or "user"
     map: isl.UnionMap  # statement instance -> time vector
     per_statement: dict  # name -> isl.Map
     T: dict  # statement name -> unimodular matrix over its dims (numpy int)
     bands: list
     parallel: list  # per time dim: True when it carries no dependence
-    sequential_steps: int | None  # critical path in steps, for concrete sizes
+    sequential_steps: int | None  # steps with every parallel dim at once, for concrete sizes
+    model: PolyModel | None = field(default=None, repr=False, compare=False)  # for the lazy counts
+    deps: Dependences | None = field(default=None, repr=False, compare=False)
+    _counts: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def critical_path(self) -> int | None:
+        """Statement instances on the longest chain of flow dependences at the model's concrete
+        sizes (deps.critical.critical_path: a PolyftError beyond its cap); None when symbolic."""
+        if "critical_path" not in self._counts:
+            self._counts["critical_path"] = None if self.model is None else _critical_path(self.model, self.deps)
+        return self._counts["critical_path"]
+
+    @property
+    def steps_as_run(self) -> int | None:
+        """Statement instances one thread runs one after the other in the C target's code
+        (schedule.steps.steps_as_run: OpenMP on the outermost parallel loop of each nest only);
+        None when symbolic."""
+        if "steps_as_run" not in self._counts:
+            self._counts["steps_as_run"] = None if self.model is None else \
+                _steps_as_run(self.model, self.map, self.parallel)
+        return self._counts["steps_as_run"]
 
     def reordering(self, model, name):
         """The statement's T as a `reorder.Reordering`, for bounds and transformed accesses."""
@@ -184,7 +223,10 @@ def _statement_maps(model: PolyModel, band_T: dict) -> dict:
 
 
 def _statement_T(model: PolyModel, band_T: dict) -> dict:
-    """Block-diagonal T over each statement's dims (the bands on its path)."""
+    """Block-diagonal T over each statement's dims (the bands on its path), so that the
+    statement's non-constant time dims are T·x plus a constant: a band's T acts on its dims in
+    execution order, where a right aggregate's dim x counts down (L - 1 - x), so its column
+    changes sign here."""
     out = {}
     for st in model.etdg.statements:
         n = len(st.dims)
@@ -193,7 +235,8 @@ def _statement_T(model: PolyModel, band_T: dict) -> dict:
         for blk in _path(st.block):
             k = len(blk.dims)
             Tb = band_T.get(blk.name)
-            T[off:off + k, off:off + k] = np.eye(k, dtype=np.int64) if Tb is None else np.asarray(Tb, dtype=np.int64)
+            Tb = np.eye(k, dtype=np.int64) if Tb is None else np.asarray(Tb, dtype=np.int64)
+            T[off:off + k, off:off + k] = Tb * np.array([-1 if d.reversed else 1 for d in blk.dims], dtype=np.int64)
             off += k
         out[st.name] = T
     return out
@@ -348,7 +391,9 @@ def make_schedule(model: PolyModel, deps: Dependences, kind="auto") -> Schedule:
     schedule (isl.UnionMap or its string) that a user supplies; each is checked legal."""
     kind = schedule_kind(kind)
     if isinstance(kind, isl.UnionMap):
-        return _finish("user", model, deps, user_schedule(model, kind), [])
+        per = user_schedule(model, kind)
+        check_user_legal(per, deps)  # names one violating pair of instances (before _finish's check)
+        return _finish("user", model, deps, per, [])
     per, bs = schedule_maps(model, deps, kind)
     return _finish(kind, model, deps, per, bs)
 
@@ -359,56 +404,194 @@ def _instance(dom: isl.Set) -> str:
     return f"{dom.get_tuple_name()}[{', '.join(dims)}]"
 
 
+def _given(m: isl.Map) -> str:
+    """The instance tuple a user's map gives, with its own dim names: `S_b0[i, j]`."""
+    dims = [m.get_dim_name(isl.dim_type.in_, k) or f"x{k}" for k in range(m.dim(isl.dim_type.in_))]
+    return f"{m.get_tuple_name(isl.dim_type.in_) or ''}[{', '.join(dims)}]"
+
+
+def _statements(model: PolyModel) -> str:
+    """The program's statements with their dims: `S_b0[i, j, k], S_b1[i]`."""
+    return ", ".join(_instance(dom) for dom in model.domains.values())
+
+
 def user_schedule(model: PolyModel, user: isl.UnionMap) -> dict:
     """Statement name -> its time map, from a user's schedule: every statement of the program, each
-    instance exactly one time vector, all of one length (`_finish` checks that no two share one)."""
+    instance exactly one time vector, all of one length (`_finish` checks that no two share one).
+    The maps are intersected with the statement domains (bounds written in the schedule may be
+    left out or repeat the domain's), lengths the program does not have are resolved
+    (`_own_lengths`), and each statement's arity is checked."""
+    user = _own_lengths(model, user)
     found = maps(user.intersect_params(model.context))
-    unknown = {m.get_tuple_name(isl.dim_type.in_) for m in found} - set(model.domains)
+    unknown = [m for m in found if m.get_tuple_name(isl.dim_type.in_) not in model.domains]
     if unknown:
-        raise ScheduleError(f"the schedule names statements the program does not have: {sorted(unknown, key=str)}; "
-                            f"its statements are {sorted(model.domains)}", op="schedule")
+        raise ScheduleError(f"the schedule names statements the program does not have: "
+                            f"{', '.join(_misspelled(model, m) for m in unknown)}; the program's statements are "
+                            f"{_statements(model)}", op="schedule")
+    wrong = [m for m in found
+             if m.dim(isl.dim_type.in_) != model.domains[m.get_tuple_name(isl.dim_type.in_)].dim(isl.dim_type.set)]
+    if wrong:
+        m = wrong[0]
+        name = m.get_tuple_name(isl.dim_type.in_)
+        dom = model.domains[name]
+        raise ScheduleError(f"the schedule gives {_given(m)} ({m.dim(isl.dim_type.in_)} dims), but {name} has "
+                            f"{dom.dim(isl.dim_type.set)} dims: {_instance(dom)}; the schedule gives "
+                            f"{', '.join(_given(x) for x in found)}, the program's statements are "
+                            f"{_statements(model)}", op="schedule")
     per, width = {}, None
     for m in found:
         name = m.get_tuple_name(isl.dim_type.in_)
         dom = model.domains[name]
-        if m.dim(isl.dim_type.in_) != dom.dim(isl.dim_type.set):
-            raise ScheduleError(f"the schedule maps {name} instances of {m.dim(isl.dim_type.in_)} dims ({m}), but "
-                                f"{name} has {dom.dim(isl.dim_type.set)}: {_instance(dom)}", op="schedule")
         m = m.reset_tuple_id(isl.dim_type.out).intersect_domain(dom)  # time vectors are anonymous
         if width is not None and m.dim(isl.dim_type.out) != width[1]:
             raise ScheduleError(f"time vectors must have one length: {width[0]} gets {width[1]} dims, {name} gets "
                                 f"{m.dim(isl.dim_type.out)} ({m}); pad the shorter ones with 0", op="schedule")
         width = width or (name, m.dim(isl.dim_type.out))
         per[name] = per[name].union(m) if name in per else m
-    missing = set(model.domains) - set(per)
+    missing = [name for name in model.domains if name not in per]
     if missing:
-        raise ScheduleError(f"the schedule gives no time to {sorted(missing)}", op="schedule")
+        raise ScheduleError(f"the schedule gives no time to {', '.join(_instance(model.domains[n]) for n in missing)}; "
+                            f"it gives {', '.join(_given(m) for m in found) or 'none'}, the program's statements are "
+                            f"{_statements(model)}", op="schedule")
     for name, dom in model.domains.items():  # a dependence is only checked where both ends have a time
         untimed = dom.subtract(per[name].domain())
         if not untimed.is_empty():
-            raise ScheduleError(f"the schedule gives no time to the instances {untimed}", op="schedule")
+            raise ScheduleError(f"the schedule gives no time to the instances {untimed} (e.g. {_point(untimed)}); "
+                                f"write no bounds, or those of the domain {dom}", op="schedule")
         if not per[name].is_single_valued():
-            raise ScheduleError(f"the schedule gives instances of {name} more than one time: {per[name]}",
-                                op="schedule")
+            raise ScheduleError(f"the schedule gives instances of {name} more than one time{_two_times(per[name])}: "
+                                f"{per[name]}", op="schedule")
     return per
+
+
+def _misspelled(model: PolyModel, m: isl.Map) -> str:
+    """A statement the program lacks, with the likeliest one meant: `S_bo[i, j, k] (did you mean S_b0[i, j, k]?)`."""
+    import difflib  # only for this message
+    if not m.get_tuple_name(isl.dim_type.in_):
+        return _given(m) + " (no statement name)"
+    near = difflib.get_close_matches(m.get_tuple_name(isl.dim_type.in_), list(model.domains), 1, 0.5)
+    return _given(m) + (f" (did you mean {_instance(model.domains[near[0]])}?)" if near else "")
+
+
+def _two_times(m: isl.Map) -> str:
+    """` (S_b0[0, 0, 0] gets [0, 0, 0, 0] and [0, 0, 0, 1])` for a map that is not single-valued ('' when
+    ISL cannot pick one, e.g. times without bound)."""
+    try:
+        lo, hi = m.lexmin(), m.lexmax()
+        where = lo.subtract(hi).domain()
+        if where.is_empty():
+            return ""
+        at = isl.Set.from_point(where.sample_point())
+        return f" ({_point(at)} gets {_point(lo.intersect_domain(at).range())} and " \
+               f"{_point(hi.intersect_domain(at).range())})"
+    except isl.Error:
+        return ""
+
+
+def _own_lengths(model: PolyModel, user: isl.UnionMap) -> isl.UnionMap:
+    """The user's schedule over the program's lengths only. A parameter the program does not
+    have (every one, for a program traced from concrete inputs, whose lengths are numbers) is
+    fixed where the schedule's bounds make its statements' domains exactly those of the program
+    (every dim bounded, `0 <= k < L` with k in [0, 5): L = 5), then projected out; the
+    schedule's times must not depend on it otherwise, which is a ScheduleError."""
+    extra = [p for p in param_names(user.get_space()) if p not in model.params]
+    if not extra:
+        return user
+    named = [m for m in maps(user) if m.get_tuple_name(isl.dim_type.in_) in model.domains]
+    if named:
+        given = union(isl.UnionSet.from_set(m.domain()) for m in named)
+        doms = union(isl.UnionSet.from_set(model.domains[n])
+                     for n in dict.fromkeys(m.get_tuple_name(isl.dim_type.in_) for m in named))
+        values = isl.Set.universe(given.params().get_space()).intersect_params(model.context) \
+            .subtract(given.subtract(doms).params()).subtract(doms.subtract(given).params())
+        if not values.is_empty():  # the bounds tell the lengths' values: keep those
+            user = user.intersect_params(values)
+
+    def without(um, names):
+        for p in names:
+            um = um.project_out(isl.dim_type.param, um.get_space().find_dim_by_name(isl.dim_type.param, p), 1)
+        return um
+
+    def times_of(um):  # the maps over the program's statements, each within its domain
+        return [m.intersect_domain(model.domains[n]) for m in maps(um)
+                if (n := m.get_tuple_name(isl.dim_type.in_)) in model.domains
+                and m.dim(isl.dim_type.in_) == model.domains[n].dim(isl.dim_type.set)]
+
+    if not all(m.is_single_valued() for m in times_of(without(user, extra))):
+        if model.params:
+            has = f"has the lengths {', '.join(model.params)}"
+        else:
+            has = "was traced from concrete inputs: its lengths are numbers"
+        needed = [p for p in extra if not all(m.is_single_valued() for m in times_of(without(user, [p])))]
+        doms = "; ".join(str(d.gist_params(model.context)) for d in model.domains.values())
+        raise ScheduleError(f"the schedule's times depend on {', '.join(needed or extra)}, which the program does "
+                            f"not know (it {has}); write their values, or bound the statements' dims by them as "
+                            f"the domains do ({doms}) so that their values follow", op="schedule")
+    return without(user, extra)
+
+
+def check_user_legal(per: dict, deps: Dependences) -> None:
+    """Every dependence goes forward in the user's schedule `per`, else a ScheduleError naming
+    the violated part of one dependence (once) and one pair of its instances, the smallest for
+    one choice of the lengths, with their times: `S_b0[0, 0, 0] must run before S_b0[0, 0, 1]`."""
+    for src, dst, m in _dependences(deps):
+        s1, s2 = per[src], per[dst]
+        lexge = isl.Map.lex_ge(s1.get_space().range())
+        bad = m.intersect(s1.apply_range(lexge).apply_range(s2.reverse()))
+        if bad.is_empty():
+            continue
+        first, second, at, lengths = _pair(bad)
+        t1 = _point(s1.intersect_params(at).intersect_domain(first).range())
+        t2 = _point(s2.intersect_params(at).intersect_domain(second).range())
+        a, b = _point(first), _point(second)
+        raise ScheduleError(f"the schedule violates the dependence {bad} (scheduled {a} at {t1} and {b} at {t2}"
+                            f"{lengths}): {a} must run before {b}, which depends on it, but its time is not "
+                            f"earlier", op="schedule")
+
+
+def _pair(rel: isl.Map, sizes: dict | None = None, smallest: bool = True) -> tuple:
+    """One pair of instances of the relation `rel`: (source point, sink point, the lengths' values
+    as a parameter set, ' for L = 2, ...' naming those not in `sizes` ('' when none)): lengths
+    sampled, then the lexicographically smallest pair for them (else ISL's sample)."""
+    if smallest:
+        at = isl.Set.from_point(rel.params().sample_point())
+        pair = isl.Set.from_point(rel.intersect_params(at).wrap().lexmin().sample_point()).unwrap()
+    else:
+        pair = isl.Set.from_point(rel.wrap().sample_point()).unwrap()
+        at = pair.params()
+    pt = at.sample_point()
+    names = param_names(at.get_space())
+    shown = [f"{p} = {pt.get_coordinate_val(isl.dim_type.param, k).to_python()}"
+             for k, p in enumerate(names) if p not in (sizes or {})]
+    return pair.domain(), pair.range(), at, f" (for {', '.join(shown)})" if shown else ""
 
 
 def _check_injective(per: dict, sizes: dict) -> None:
     """No two instances (of one statement or of two) at one time: nothing would order them. The
-    error shows one such pair, with the lengths (those not fixed by `sizes`) it needs."""
+    error shows one such pair, with the lengths (those not fixed by `sizes`) it needs, and what
+    tells them apart (the dims to add as innermost time dims, or a constant dim between two
+    statements); polyft does not complete a user's schedule itself."""
     times = union(isl.UnionMap.from_map(m) for m in per.values())
     clash = times.apply_range(times.reverse()).subtract(times.domain().identity())
     if clash.is_empty():
         return
-    pair = maps(clash)[0].sample()
-    first, second = _point(pair.domain()), _point(pair.range())
-    time = per[pair.get_tuple_name(isl.dim_type.in_)].intersect_domain(isl.Set.from_basic_set(pair.domain()))
-    at = pair.domain().sample_point()
-    lengths = ", ".join(f"{p} = {at.get_coordinate_val(isl.dim_type.param, k).to_python()}"
-                        for k, p in enumerate(param_names(pair.get_space())) if p not in sizes)
-    raise ScheduleError(f"the schedule runs two instances at one time: {first} and {second} are both at "
-                        f"{_point(time.range())}" + (f" (for {lengths})" if lengths else "")
-                        + "; give every instance its own time vector", op="schedule")
+    rel = maps(clash)[0]
+    first, second, at, lengths = _pair(rel, sizes, smallest=False)
+    src, dst = rel.get_tuple_name(isl.dim_type.in_), rel.get_tuple_name(isl.dim_type.out)
+    time = _point(per[src].intersect_params(at).intersect_domain(first).range())
+    if src == dst:
+        dom = per[src].domain()
+        a, b = first.sample_point(), second.sample_point()
+        differ = [dom.get_dim_name(isl.dim_type.set, k) for k in range(dom.dim(isl.dim_type.set))
+                  if a.get_coordinate_val(isl.dim_type.set, k).to_python()
+                  != b.get_coordinate_val(isl.dim_type.set, k).to_python()]
+        hint = f"the time does not tell {src}'s dim{'s' if len(differ) > 1 else ''} {', '.join(differ)} apart: " \
+               f"add {'them' if len(differ) > 1 else 'it'} as innermost time dim{'s' if len(differ) > 1 else ''}"
+    else:
+        hint = f"add a time dim that orders {src} and {dst} (e.g. 0 for one, 1 for the other)"
+    raise ScheduleError(f"the schedule runs two instances at one time: {_point(first)} and {_point(second)} are both "
+                        f"at {time}{lengths}; give every instance its own time vector ({hint}, padding the "
+                        f"other statements' times with 0)", op="schedule")
 
 
 def _point(s) -> str:
@@ -416,6 +599,36 @@ def _point(s) -> str:
     p = s.sample_point()
     coords = [p.get_coordinate_val(isl.dim_type.set, k).to_python() for k in range(s.dim(isl.dim_type.set))]
     return f"{s.get_tuple_name() or ''}[{', '.join(map(str, coords))}]"
+
+
+def time_rows(m: isl.Map) -> list | None:
+    """Per time dim of a statement's time map `m`, outer to inner: (its coefficients over the
+    statement's dims, its constant part as text: `L - 1`, `0`), so that time = rows·x + constants;
+    None when `m` is not one integer affine function. For the "auto" and "original" schedules
+    the rows with a nonzero coefficient are `Schedule.T`'s (a dim of extent 1 may read as 0)."""
+    pieces = []
+    try:
+        m.as_pw_multi_aff().foreach_piece(lambda _, ma: pieces.append(ma))
+    except isl.Error:  # not single-valued
+        return None
+    if len(pieces) != 1:
+        return None
+    ma, rows = pieces[0], []
+    params = param_names(m.get_space())
+    for r in range(ma.dim(isl.dim_type.out)):
+        aff = ma.get_at(r)
+        if aff.dim(isl.dim_type.div) or aff.get_denominator_val().to_python() != 1:
+            return None
+        coeffs = [aff.get_coefficient_val(isl.dim_type.in_, c).to_python() for c in range(m.dim(isl.dim_type.in_))]
+        terms = [(aff.get_coefficient_val(isl.dim_type.param, k).to_python(), p) for k, p in enumerate(params)]
+        text = ""
+        for c, p in [t for t in terms if t[0]] + [(aff.get_constant_val().to_python(), "")]:
+            if not c and (text or p):
+                continue
+            mag = f"{abs(c)}*{p}" if p and abs(c) != 1 else (p or str(abs(c)))
+            text += (" - " if c < 0 else " + ") + mag if text else ("-" if c < 0 else "") + mag
+        rows.append((coeffs, text))
+    return rows
 
 
 def schedule_maps(model: PolyModel, deps: Dependences, kind: str = "auto") -> tuple[dict, list]:
@@ -440,4 +653,4 @@ def _finish(kind, model, deps, per, bs) -> Schedule:
     steps = sequential_steps(model, per, parallel, deps)
     T = _statement_T(model, _band_T(bs)) if kind != "user" else {}
     space = isl.Space.params_alloc(model.context.get_ctx(), 0)
-    return Schedule(kind, union_map(per.values(), space), per, T, bs, parallel, steps)
+    return Schedule(kind, union_map(per.values(), space), per, T, bs, parallel, steps, model, deps)

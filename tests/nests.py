@@ -268,3 +268,36 @@ def bodies(draw, lengths, kit: Kit, top=False):
     plan = Level(t, op, "first" if init else "none", split, draw(st.sampled_from(sorted(kit.combine))),
                  child, len(rest), len(child_out), draw(st.sampled_from(sorted(kit.pair))), pair_state, then)
     return plan, out
+
+
+@st.composite
+def scheduled_nests(draw, kit):
+    """(plan, list lengths, seed, schedule): a nest of one or two levels under the "auto"
+    schedule, up to three under the "original" one (coarsening, with the "auto" schedule,
+    can take minutes on some three-level nests)."""
+    schedule = draw(st.sampled_from(("auto", "original")))
+    lengths = draw(list_lengths().filter(lambda ls: schedule == "original" or len(ls) <= 2))
+    plan, _ = draw(bodies(lengths, kit, top=True))
+    return plan, [n for n, _ in lengths], draw(st.integers(0, 2 ** 16)), schedule
+
+
+def analyze_nest(case, kit):
+    """(prog, (xs, w), program) of a `scheduled_nests` case: traced on the nest's concrete
+    inputs, or (by the seed's parity) on specs with the lengths as `sizes=`. A gather of a
+    shifted, strided or padded view (a documented limitation) is assumed away."""
+    from polyft import interpret
+    from polyft.errors import AccessError
+    plan, lengths, seed, schedule = case
+    xs, w = nest_inputs(lengths, kit, seed)
+    program = nest_program(plan, kit)
+    try:
+        if seed % 2:
+            specs = nest_specs(len(lengths), kit)
+            sizes = interpret.bind_params(ft.trace(program, *specs), (xs, w))
+            prog = ft.analyze(program, *specs, schedule=schedule, sizes=sizes)
+        else:
+            prog = ft.analyze(program, xs, w, schedule=schedule)
+    except AccessError as e:
+        assume("gather of a" not in str(e))
+        raise
+    return prog, (xs, w), program

@@ -43,17 +43,16 @@ from collections import defaultdict
 import islpy as isl
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings
 
 import polyft as ft
 from polyft import interpret
-from polyft.errors import AccessError, PolyftError
+from polyft.errors import PolyftError
 from polyft.testing import rel_error
 from polyft.workloads import WORKLOADS
 
 from helpers import TOL
-from nests import Kit, bodies, list_lengths, nest_inputs, nest_program, nest_specs
+from nests import Kit, analyze_nest, scheduled_nests
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCHEDULES = ("auto", "original")
@@ -443,35 +442,13 @@ KIT = Kit(ELEMENT, COMBINE, tile=(1, 2), w_shape=(2, 2), w_scale=0.7, window_pad
           then=True, pair_state=True)
 
 
-@st.composite
-def nest_cases(draw):
-    schedule = draw(st.sampled_from(SCHEDULES))
-    # (coarsening, with the "auto" schedule, can take minutes on some three-level nests)
-    lengths = draw(list_lengths().filter(lambda ls: schedule == "original" or len(ls) <= 2))
-    plan, _ = draw(bodies(lengths, KIT, top=True))
-    seed = draw(st.integers(0, 2 ** 16))
-    return plan, [n for n, _ in lengths], seed, schedule
-
-
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(nest_cases())
+@given(scheduled_nests(KIT))
 def test_random_nests_storage_matches_brute_force(case):
     """Traced on the nest's concrete inputs, or (by the seed's parity) on specs with the
     lengths as sizes; nests of one or two levels under the "auto" schedule, up to three under
     the "original" one."""
-    plan, lengths, seed, schedule = case
-    xs, w = nest_inputs(lengths, KIT, seed)
-    program = nest_program(plan, KIT)
-    try:
-        if seed % 2:
-            specs = nest_specs(len(lengths), KIT)
-            sizes = interpret.bind_params(ft.trace(program, *specs), (xs, w))
-            prog = ft.analyze(program, *specs, schedule=schedule, sizes=sizes)
-        else:
-            prog = ft.analyze(program, xs, w, schedule=schedule)
-    except AccessError as e:  # gather of a shifted/strided/padded view: a documented limitation
-        assume("gather of a" not in str(e))
-        raise
+    prog, (xs, w), program = analyze_nest(case, KIT)
     assert rel_error(interpret.run(prog.etdg, xs, w), program(xs, w)) < TOL
     check_storage(prog, (xs, w))
 

@@ -1,0 +1,73 @@
+"""The critical path of a program: the longest chain of flow dependences between statement
+instances, at concrete sizes, computed over ISL.
+
+Unit: **statement instances**. A chain i_1 -> i_2 -> ... -> i_k (each i_{j+1} reads what i_j
+wrote) has length k; a program whose instances are all independent has critical path 1, an
+empty one 0. A schedule runs each instance in one step and the instances of a chain in k
+distinct steps, so `Schedule.sequential_steps` (and `Schedule.steps_as_run`), which count steps
+of one instance each per statement, are >= the critical path: it is the lower bound on the
+sequential steps of any schedule of *this* model when every dependence-free loop runs at once.
+The unit is the model's statement instance, so a coarsened ETDG (fused statements) has a
+shorter critical path than the ETDG as traced.
+
+Dependences: `deps.may_flow` — the exact flow dependences plus, for gathers (whose indices
+are data), the conservative may-dependences on the whole gathered dim, i.e. every flow
+dependence a schedule must keep (`Dependences.all` minus anti and output dependences, which
+single assignment leaves empty). Without gathers of intermediate results `may_flow` equals the
+exact `flow`, and the chain is the program's data dependence chain exactly.
+
+Method (no enumeration of instances): peel the sources. R_0 is every instance; R_{k+1} is
+the set of instances of R_k with a predecessor in R_k (`range(dep ∩ (R_k × R_k))`). The
+instances of R_{k} - R_{k+1} are those whose longest incoming chain within the DAG has k + 1
+instances, so the number of non-empty R_k is the longest chain. Each round is a few ISL set
+operations at fixed parameters, so the cost grows with the critical path, not with the
+number of instances; rounds are capped at `MAX_ROUNDS` (beyond it: `CriticalPathTooLong`, a
+PolyftError). Dependences go forward in the original schedule, so the graph is acyclic and
+the peeling ends (a round that removes nothing, i.e. a cycle, is a PolyftError).
+"""
+from __future__ import annotations
+
+import islpy as isl
+
+from polyft.errors import PolyftError
+
+from .analyze import Dependences
+from .model import PolyModel
+
+MAX_ROUNDS = 100_000  # a longer critical path (one ISL round per instance on it) raises
+
+
+class CriticalPathTooLong(PolyftError):
+    """The critical path is longer than the cap on peeling rounds (`MAX_ROUNDS`)."""
+
+
+def instances(model: PolyModel) -> isl.UnionSet:
+    """Every statement instance of the model, as one union set."""
+    out = isl.UnionSet.empty(isl.Space.params_alloc(model.context.get_ctx(), 0))
+    for d in model.domains.values():
+        out = out.union(isl.UnionSet.from_set(d))
+    return out
+
+
+def critical_path(model: PolyModel, deps: Dependences, max_rounds: int = MAX_ROUNDS, *,
+                  dependences: isl.UnionMap | None = None) -> int | None:
+    """Statement instances on the longest chain of flow dependences (module docstring), for
+    concrete sizes; None while a length is symbolic. `dependences` overrides `deps.may_flow`
+    (e.g. `deps.flow`, the exact flow without gathers' may-dependences)."""
+    if any(p not in model.sizes for p in model.params):
+        return None
+    remaining = instances(model).coalesce()
+    dep = (deps.may_flow if dependences is None else dependences).intersect_domain(remaining) \
+        .intersect_range(remaining).coalesce()
+    rounds = 0
+    while not remaining.is_empty():
+        rounds += 1
+        if rounds > max_rounds:
+            raise CriticalPathTooLong(f"the critical path has more than {max_rounds} instances at sizes "
+                                      f"{model.sizes}; use smaller sizes", op="critical_path")
+        dep = dep.intersect_domain(remaining).intersect_range(remaining).coalesce()
+        later = dep.range().coalesce()
+        if later.is_equal(remaining):  # no source left: the dependences have a cycle
+            raise PolyftError(f"the flow dependences have a cycle among {remaining}", op="critical_path")
+        remaining = later
+    return rounds
