@@ -251,18 +251,6 @@ def _path(block) -> list:
     return chain
 
 
-def check_legal(per_statement: dict, deps: Dependences) -> None:
-    """Every dependence must go forward in time (lexicographically), else ScheduleError."""
-    for src, dst, m in _dependences(deps):
-        s1, s2 = per_statement[src], per_statement[dst]
-        lexge = isl.Map.lex_ge(s1.get_space().range())
-        backwards = s1.apply_range(lexge).apply_range(s2.reverse())
-        bad = m.intersect(backwards)
-        if not bad.is_empty():
-            raise ScheduleError(f"the schedule violates the dependence {bad} "
-                                f"(scheduled {s1} and {s2})", op="schedule")
-
-
 def _timed(m: isl.Map, src: str, dst: str, per_statement: dict) -> isl.Map:
     """A dependence as time of the source -> time of the sink."""
     return m.apply_domain(per_statement[src]).apply_range(per_statement[dst])
@@ -391,9 +379,7 @@ def make_schedule(model: PolyModel, deps: Dependences, kind="auto") -> Schedule:
     schedule (isl.UnionMap or its string) that a user supplies; each is checked legal."""
     kind = schedule_kind(kind)
     if isinstance(kind, isl.UnionMap):
-        per = user_schedule(model, kind)
-        check_user_legal(per, deps)  # names one violating pair of instances (before _finish's check)
-        return _finish("user", model, deps, per, [])
+        return _finish("user", model, deps, user_schedule(model, kind), [])
     per, bs = schedule_maps(model, deps, kind)
     return _finish(kind, model, deps, per, bs)
 
@@ -530,8 +516,8 @@ def _own_lengths(model: PolyModel, user: isl.UnionMap) -> isl.UnionMap:
     return without(user, extra)
 
 
-def check_user_legal(per: dict, deps: Dependences) -> None:
-    """Every dependence goes forward in the user's schedule `per`, else a ScheduleError naming
+def check_legal(per: dict, deps: Dependences) -> None:
+    """Every dependence goes forward in the schedule `per`, else a ScheduleError naming
     the violated part of one dependence (once) and one pair of its instances, the smallest for
     one choice of the lengths, with their times: `S_b0[0, 0, 0] must run before S_b0[0, 0, 1]`."""
     for src, dst, m in _dependences(deps):
