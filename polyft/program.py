@@ -59,13 +59,13 @@ class Program:
         keeps it: per thread, for batches of `local_width(buffer)` iterations. `sizes` gives
         the lengths the program was not built with (none for programs from concrete inputs)."""
         env = _lengths(self.model, sizes)
-        widths = {s.buffer.name: self.local_width(s.buffer) for s in self.storage.buffers.values()
-                  if self.local_width(s.buffer)}
+        width_of = {name: self.local_width(s.buffer) for name, s in self.storage.buffers.items()}
+        widths = {name: w for name, w in width_of.items() if w}
         region = {name: j for j, group in enumerate(self.storage.regions(widths)) for name in group}
         rows = []
         for s in self.storage.buffers.values():
             buf = s.buffer
-            width = self.local_width(buf)
+            width = width_of[buf.name]
             elem = int(np.prod(buf.element_shape, dtype=np.int64)) * native_dtype(buf.dtype).itemsize  # as stored
             cells = int(np.prod(extents(s.cell_dims(width), env, buf.dims), dtype=np.int64)) * elem
             mapping = s.mapping if width is None else s.local[width][1]

@@ -93,6 +93,7 @@ class Storage:
     schedule: Schedule | None = None
     context: isl.Set | None = None
     _apart: dict = field(default_factory=dict)  # (name, name, width) -> never live at once
+    _batch_order: dict = field(default_factory=dict)  # slot dim -> batch_before of the schedule
 
     def regions(self, widths: dict) -> list:
         """Local buffers (name -> batch width) in groups that can start at one address of a
@@ -115,9 +116,11 @@ class Storage:
             if sa.slot_dim is None or sa.slot_dim != sb.slot_dim:
                 self._apart[key] = False
             else:
-                before = batch_before(self.schedule, sa.slot_dim)
-                both = overlapping(sa.live, sa.written, sb.live, sb.written, before)
-                near = same_batch(sa.live, self.schedule, sa.slot_dim, width, sb.live)
+                k = sa.slot_dim
+                if k not in self._batch_order:
+                    self._batch_order[k] = batch_before(self.schedule, k)
+                both = overlapping(sa.live, sa.written, sb.live, sb.written, self._batch_order[k])
+                near = same_batch(sa.live, self.schedule, k, width, sb.live)
                 self._apart[key] = both.intersect(near).intersect_params(self.context).is_empty()
         return self._apart[key]
 
