@@ -56,9 +56,44 @@ def critical_path(model: PolyModel, deps: Dependences, max_rounds: int = MAX_ROU
     (e.g. `deps.flow`, the exact flow without gathers' may-dependences)."""
     if any(p not in model.sizes for p in model.params):
         return None
+    return sum(1 for _ in _peel(model, deps.may_flow if dependences is None else dependences, max_rounds))
+
+
+def levels(model: PolyModel, deps: Dependences, late: bool = False, max_rounds: int = MAX_ROUNDS) \
+        -> tuple[dict, int] | None:
+    """(statement name -> isl.Map from its instances to [level], the critical path) at concrete
+    sizes (None while a length is symbolic). Early (`late=False`, "as soon as possible"): an
+    instance's level is the length of the longest chain ending in it, minus 1; late ("as late
+    as possible"): the critical path minus the longest chain starting from it. Both are legal
+    schedules of the model (a dependence's sink is at least one level after its source) of
+    exactly critical-path steps: the peeling rounds of the module docstring, read as times."""
+    if any(p not in model.sizes for p in model.params):
+        return None
+    dep = deps.may_flow.reverse() if late else deps.may_flow
+    rounds = list(_peel(model, dep, max_rounds))
+    n = len(rounds)
+    out = {}
+    for k, level in enumerate(rounds):
+        at = n - 1 - k if late else k
+        for s in _sets(level):
+            name = s.get_tuple_name()
+            time = isl.Set(f"{{ [{at}] }}").align_params(s.get_space())
+            m = isl.Map.from_domain_and_range(s, time)
+            out[name] = out[name].union(m) if name in out else m
+    return {name: m.coalesce() for name, m in out.items()}, n
+
+
+def _sets(us: isl.UnionSet) -> list:
+    found = []
+    us.foreach_set(found.append)
+    return found
+
+
+def _peel(model: PolyModel, dep: isl.UnionMap, max_rounds: int):
+    """The instances whose longest chain of `dep` within the remaining instances starts (has no
+    predecessor) at each round, round after round (module docstring)."""
     remaining = instances(model).coalesce()
-    dep = (deps.may_flow if dependences is None else dependences).intersect_domain(remaining) \
-        .intersect_range(remaining).coalesce()
+    dep = dep.intersect_domain(remaining).intersect_range(remaining).coalesce()
     rounds = 0
     while not remaining.is_empty():
         rounds += 1
@@ -69,5 +104,5 @@ def critical_path(model: PolyModel, deps: Dependences, max_rounds: int = MAX_ROU
         later = dep.range().coalesce()
         if later.is_equal(remaining):  # no source left: the dependences have a cycle
             raise PolyftError(f"the flow dependences have a cycle among {remaining}", op="critical_path")
+        yield remaining.subtract(later)
         remaining = later
-    return rounds

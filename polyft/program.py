@@ -32,7 +32,7 @@ class Program:
         self.traced = trace(fn, *args)
         self.coarsen_log: list = []
         if coarsen if coarsen is not None else isinstance(schedule, str) and schedule == "auto":
-            self.etdg, self.coarsen_log = coarsen_etdg(self.traced)
+            self.etdg, self.coarsen_log = coarsen_etdg(self.traced, sizes=check_sizes(sizes, self.traced.params))
         else:
             self.etdg = self.traced
         self.model = build(self.etdg, sizes)

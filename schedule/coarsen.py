@@ -39,6 +39,8 @@ import numpy as np
 
 from polyft.affine import Aff, Constraint, IterDim
 from polyft.deps.isl_helpers import maps
+from polyft.deps.analyze import analyze
+from polyft.deps.critical import critical_path
 from polyft.deps.model import build
 from polyft.errors import PolyftError, ScheduleError
 from polyft.etdg import (ETDG, BlockNode, Gather, OpNode, Piece, Statement, blocks, drop_dead_ops,
@@ -299,8 +301,28 @@ def _no_edge(x, y) -> bool:
     return not (writes(x) & reads(y)) and not (writes(y) & reads(x))
 
 
-def _horizontal_once(w: _Work, log) -> bool:
-    for parent in blocks(w.root):
+def _horizontal_candidate(etdg: ETDG, path, a: int, b: int, where: str, log) -> ETDG:
+    """The ETDG with sibling block nodes `a` and `b` of the block at `path` merged, in the
+    first's place (`where="first"`) or the second's."""
+    w = _Work(etdg)
+    body = _block_at(w.root, path).body
+    b1, b2 = body[a], body[b]
+    env = {d2: Aff.of(d1) for d1, d2 in zip(b1.dims, b2.dims)}
+    _substitute(b2, env)
+    w.rename_created_in(dict(zip(b2.dims, b1.dims)))
+    set_body(b1, b1.body + b2.body)
+    if where == "first":
+        del body[b]
+    else:
+        body[b] = b1
+        del body[a]
+    log.append(f"horizontal: {b2.name} merged into {b1.name} (no edge between, equal dims and "
+               f"operators) -> {_describe(b1)}")
+    return w.finish()
+
+
+def _horizontal_once(etdg: ETDG, log, keeps) -> ETDG | None:
+    for path, parent in _paths(etdg.root):
         body = parent.body
         children = [(k, n) for k, n in enumerate(body) if isinstance(n, BlockNode)]
         for (a, b1), (b, b2) in itertools.combinations(children, 2):
@@ -314,19 +336,12 @@ def _horizontal_once(w: _Work, log) -> bool:
                 where = "second"
             else:
                 continue
-            env = {d2: Aff.of(d1) for d1, d2 in zip(b1.dims, b2.dims)}
-            _substitute(b2, env)
-            w.rename_created_in(dict(zip(b2.dims, b1.dims)))
-            set_body(b1, b1.body + b2.body)
-            if where == "first":
-                del body[b]
-            else:
-                body[b] = b1
-                del body[a]
-            log.append(f"horizontal: {b2.name} merged into {b1.name} (no edge between, equal dims and "
-                       f"operators) -> {_describe(b1)}")
-            return True
-    return False
+            trial = []
+            cand = _horizontal_candidate(etdg, path, a, b, where, trial)
+            if keeps(etdg, cand):
+                log += trial
+                return cand
+    return None
 
 
 def _to_fixpoint(etdg, once, name: str, log):
@@ -341,16 +356,71 @@ def _to_fixpoint(etdg, once, name: str, log):
     return w.finish()
 
 
-def horizontal_merge(etdg: ETDG, log: list | None = None) -> ETDG:
+def horizontal_merge(etdg: ETDG, log: list | None = None, sizes: dict | None = None) -> ETDG:
     """Merge sibling block nodes with equal dims and operator vectors and no edge between
     them (paper: Γ¹ ∪ Γ² = (i_d1, P1 ∪ P2, G_T = (V1 ∪ V2, E1 ∪ E2), p_d1)), to a fixpoint.
 
     The merged node takes the place of the first unless a node in between writes something
     the second reads; then it takes the second's place, unless a node in between reads what
     the first writes (then the pair is left alone). With no data between the two, running
-    them in one iteration space changes no value (a direct argument; no ISL needed).
+    them in one iteration space changes no value (a direct argument; no ISL needed). A merge
+    that makes the critical path longer (`CriticalPathGuard`, at `sizes`) is not done.
     """
-    return _to_fixpoint(etdg, _horizontal_once, "horizontal", log)
+    log = [] if log is None else log
+    keeps = CriticalPathGuard(sizes)
+    n0, cur = len(log), etdg
+    while (nxt := _horizontal_once(cur, log, keeps)) is not None:
+        cur = nxt
+    if len(log) == n0:
+        return _unchanged(etdg)
+    w = _Work(cur)
+    _flatten(w.root, log, "horizontal")
+    return w.finish()
+
+
+# ---------------------------------------------------------------------------------------
+# The critical path as a condition on merges
+
+
+PROBE = 4  # symbolic lengths are probed at the smallest values >= PROBE that the trace allows
+
+
+class CriticalPathGuard:
+    """Whether a merge keeps the critical path (deps/critical.py): merged block nodes run their
+    statements as one statement, whose instance waits for everything each part waited for, so
+    a merge can chain what ran side by side (a bidirectional RNN's join fused into its forward
+    scan waits for the whole backward scan: 2L steps instead of L + 1). Measured at `sizes`;
+    lengths they leave symbolic are probed at the smallest values >= PROBE (a single probe: a
+    merge that lengthens the path only at other lengths is not caught). Called as
+    `guard(before, after)`: True when `after` is no longer than `before`."""
+
+    def __init__(self, sizes: dict | None = None):
+        self.sizes = dict(sizes or {})
+        self._lengths = []  # (etdg, critical path): keeps the ETDGs, so ids stay unique
+
+    def __call__(self, before: ETDG, after: ETDG) -> bool:
+        return self.length(after) <= self.length(before)
+
+    def length(self, etdg: ETDG) -> int:
+        for e, n in self._lengths:
+            if e is etdg:
+                return n
+        model = build(etdg, self._probe(etdg))
+        n = critical_path(model, analyze(model))
+        self._lengths.append((etdg, n))
+        return n
+
+    def _probe(self, etdg: ETDG) -> dict:
+        free = [p for p in etdg.params if p not in self.sizes]
+        if not free:
+            return {p: v for p, v in self.sizes.items() if p in etdg.params}
+        ctx = build(etdg, {p: v for p, v in self.sizes.items() if p in etdg.params}).context
+        at_least = ctx.intersect_params(isl.Set(f"[{', '.join(etdg.params)}] -> {{ : "
+                                                f"{' and '.join(f'{p} >= {PROBE}' for p in free)} }}"))
+        pt = (ctx if at_least.is_empty() else at_least).lexmin().sample_point()
+        found = {p: pt.get_coordinate_val(isl.dim_type.param, k).to_python() for k, p in enumerate(etdg.params)}
+        self.sizes.update({p: found[p] for p in free})
+        return {p: self.sizes[p] for p in etdg.params}
 
 
 # ---------------------------------------------------------------------------------------
@@ -419,7 +489,7 @@ def _vertical_candidate(etdg: ETDG, path, a: int, b: int, k: int, where: str, lo
     return w.finish()
 
 
-def _vertical_once(etdg: ETDG, log) -> ETDG | None:
+def _vertical_once(etdg: ETDG, log, keeps) -> ETDG | None:
     for path, parent in _paths(etdg.root):
         body = parent.body
         children = [(k, n) for k, n in enumerate(body) if isinstance(n, BlockNode)]
@@ -436,13 +506,13 @@ def _vertical_once(etdg: ETDG, log) -> ETDG | None:
                 for where in places:
                     trial = []
                     cand = _vertical_candidate(etdg, path, a, b, k, where, trial)
-                    if _legal(cand):
+                    if _legal(cand) and keeps(etdg, cand):
                         log += trial
                         return cand
     return None
 
 
-def vertical_merge(etdg: ETDG, log: list | None = None) -> ETDG:
+def vertical_merge(etdg: ETDG, log: list | None = None, sizes: dict | None = None) -> ETDG:
     """Merge producer/consumer sibling block nodes (connected by an edge), to a fixpoint.
 
     Dims are aligned outermost-first: the leading dims with equal extents whose operators
@@ -453,12 +523,14 @@ def vertical_merge(etdg: ETDG, log: list | None = None) -> ETDG:
     is not done. The most aligned dims are tried first, the
     merged node at the producer's place, then at the consumer's; a candidate is kept only if
     `dataflow_violations` finds none (ISL, exact): the consumer reads the producer only at
-    the same or an earlier merged iteration, and the nodes in between still see their data.
+    the same or an earlier merged iteration, and the nodes in between still see their data;
+    and only if it keeps the critical path (`CriticalPathGuard`, at `sizes`).
     """
     log = [] if log is None else log
+    keeps = CriticalPathGuard(sizes)
     cur = etdg
     while True:
-        nxt = _vertical_once(cur, log)
+        nxt = _vertical_once(cur, log, keeps)
         if nxt is None:
             break
         cur = nxt
@@ -660,16 +732,19 @@ def drop_dead_buffers(etdg: ETDG, log: list | None = None) -> ETDG:
 # The driver
 
 
-def coarsen(etdg: ETDG, depthwise: bool = True, depthwise_ops=("map",), max_rounds: int = 50):
+def coarsen(etdg: ETDG, depthwise: bool = True, depthwise_ops=("map",), max_rounds: int = 50,
+            sizes: dict | None = None):
     """All passes to a fixpoint: returns (new ETDG, log of what each pass did).
 
     A round runs fuse_access_maps, drop_dead_buffers, horizontal_merge, vertical_merge and
     (unless `depthwise=False`) depthwise_merge; rounds repeat until one changes nothing.
-    No pass adds a block node, so the result has at most as many as the input.
+    No pass adds a block node, so the result has at most as many as the input, and none
+    lengthens the critical path at `sizes` (the merges check it: `CriticalPathGuard`).
     """
     log = []
     cur = etdg
-    passes = [fuse_access_maps, drop_dead_buffers, horizontal_merge, vertical_merge]
+    passes = [fuse_access_maps, drop_dead_buffers, lambda e, lg: horizontal_merge(e, lg, sizes),
+              lambda e, lg: vertical_merge(e, lg, sizes)]
     if depthwise:
         passes.append(lambda e, lg: depthwise_merge(e, lg, ops=depthwise_ops))
     for _ in range(max_rounds):

@@ -23,6 +23,7 @@ from polyft.deps.model import PolyModel
 from polyft.errors import ScheduleError
 from polyft.etdg import BlockNode
 
+from .hyperplanes import statement_hyperplanes
 from .reorder import Reordering, reorder_space, show_distances
 from .steps import steps_as_run as _steps_as_run
 
@@ -75,6 +76,10 @@ class Schedule:
       loop of the wavefront, runs in a thread: N (L + D - 1)).
     * `critical_path` (computed on first use): instances on the longest chain of flow
       dependences (deps/critical.py), the lower bound on both for any schedule of the model.
+
+    An "auto" schedule whose bands take more steps than the critical path, at concrete sizes,
+    runs per-statement hyperplanes (schedule/hyperplanes.py) outermost: `hyperplanes` maps each
+    statement to its θ, the first time dim, and the band times (`T`) follow it.
     """
 
     kind: str  # "auto", "original" or "user"
@@ -84,6 +89,8 @@ class Schedule:
     bands: list
     parallel: list  # per time dim: True when it carries no dependence
     sequential_steps: int | None  # steps with every parallel dim at once, for concrete sizes
+    hyperplanes: dict = field(default_factory=dict)  # name -> θ map, the outermost time dim, where used
+    band_steps: int | None = None  # where hyperplanes are used: the band schedule's sequential steps
     model: PolyModel | None = field(default=None, repr=False, compare=False)  # for the lazy counts
     deps: Dependences | None = field(default=None, repr=False, compare=False)
     _counts: dict = field(default_factory=dict, repr=False, compare=False)
@@ -126,6 +133,10 @@ class Schedule:
                              f"distances {show_distances(b.distances)}, "
                              f"pi = {b.pi}, reuse dims {[b.dims[k].name for k in b.reuse]}, "
                              f"T = {b.T.tolist()}")
+        if self.hyperplanes:
+            lines.append(f"  per-statement hyperplanes (time dim 0; the bands' {self.band_steps} steps -> "
+                         f"{self.sequential_steps}, the critical path):")
+            lines += [f"    {g(m)}" for m in self.hyperplanes.values()]
         return "\n".join(lines)
 
 
@@ -381,7 +392,23 @@ def make_schedule(model: PolyModel, deps: Dependences, kind="auto") -> Schedule:
     if isinstance(kind, isl.UnionMap):
         return _finish("user", model, deps, user_schedule(model, kind), [])
     per, bs = schedule_maps(model, deps, kind)
-    return _finish(kind, model, deps, per, bs)
+    sched = _finish(kind, model, deps, per, bs)
+    return _reach_critical_path(sched) if kind == "auto" else sched
+
+
+def _reach_critical_path(sched: Schedule) -> Schedule:
+    """`sched` (the bands reordered), or where it takes more steps than the critical path, the
+    per-statement hyperplanes (schedule/hyperplanes.py) outermost with its times inside."""
+    model, deps = sched.model, sched.deps
+    if sched.sequential_steps is None or sched.sequential_steps <= sched.critical_path:
+        return sched
+    theta = statement_hyperplanes(model, deps)
+    if theta is None:
+        return sched
+    per = {name: theta[name].flat_range_product(m) for name, m in sched.per_statement.items()}
+    out = _finish("auto", model, deps, per, sched.bands, theta)
+    out.band_steps = sched.sequential_steps
+    return out if out.sequential_steps < sched.sequential_steps else sched
 
 
 def _instance(dom: isl.Set) -> str:
@@ -631,7 +658,7 @@ def _band_T(bs) -> dict:
     return {b.block.name: b.T for b in bs if b.T is not None}
 
 
-def _finish(kind, model, deps, per, bs) -> Schedule:
+def _finish(kind, model, deps, per, bs, hyperplanes=None) -> Schedule:
     check_legal(per, deps)
     if kind == "user":  # after check_legal: a violated dependence is the more telling error
         _check_injective(per, model.sizes)
@@ -639,4 +666,5 @@ def _finish(kind, model, deps, per, bs) -> Schedule:
     steps = sequential_steps(model, per, parallel, deps)
     T = _statement_T(model, _band_T(bs)) if kind != "user" else {}
     space = isl.Space.params_alloc(model.context.get_ctx(), 0)
-    return Schedule(kind, union_map(per.values(), space), per, T, bs, parallel, steps, model, deps)
+    return Schedule(kind, union_map(per.values(), space), per, T, bs, parallel, steps, hyperplanes or {},
+                    model=model, deps=deps)

@@ -192,11 +192,21 @@ def reads_behind(xs):
     return ft.map(lambda w: w[1] - w[0], ys.window(2, padding=(1, 0)))  # ys[t-1] (zero before the start)
 
 
-def test_a_map_reading_the_producer_at_t_minus_1_merges():
+def test_a_map_reading_the_producer_at_t_minus_1_is_legal_but_chains_the_map():
+    """The merged map would be legal (ys[t-1] is stored one iteration before), but each instance
+    would wait for the previous one: a chain of L where the program as traced has 2 (every f
+    at once, then every difference). CriticalPathGuard refuses it, at any length."""
     e = ft.trace(reads_behind, S1)
+    merged = C._vertical_candidate(e, (), 0, 1, 1, "producer", [])
+    assert not C.dataflow_violations(merged)
+    (b,) = blocks(merged)
+    assert b.p == ["map"]
+    check(merged, reads_behind, (XS,), e)
+    guard = C.CriticalPathGuard({"L": 6})
+    assert (guard.length(e), guard.length(merged)) == (2, 6)
+    assert C.CriticalPathGuard().length(merged) == C.PROBE  # L probed at 4
     new, log = run_pass(C.vertical_merge, e)
-    (b,) = blocks(new)
-    assert b.p == ["map"] and log
+    assert len(blocks(new)) == 2 and not log
     check(new, reads_behind, (XS,), e)
 
 

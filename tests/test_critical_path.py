@@ -21,6 +21,11 @@ runs them (`prog.schedule.steps_as_run`, schedule/steps.py), checked by brute fo
   N (L + D - 1) instances in one thread under "auto" (the batch loop inside the parallel
   layer loop) and D·L under "original".
 * the bounds: critical path <= sequential_steps and <= steps_as_run, for every program here.
+* **the auto schedule reaches it**: its sequential steps <= the brute-force chain of the program
+  as traced (no coarsening), for every workload (inputs and specs with sizes=), random nests
+  and the bidirectional RNN (L + 1, its compiled code against a numpy loop); the dilated RNN
+  at the paper's sizes: 253 steps for one wavefront, 139 (its critical path) with one
+  hyperplane per layer; symbolic lengths keep the band schedule.
 """
 from __future__ import annotations
 
@@ -39,7 +44,9 @@ from polyft.emit.c_target import CTarget
 from polyft.emit.isl_ast import build_ast as emit_build_ast
 from polyft.errors import PolyftError
 from polyft.etdg import Gather
+from polyft.schedule.schedule import time_rows
 from polyft.schedule.steps import build_ast
+from polyft.testing import rel_error
 from polyft.workloads import WORKLOADS, stacked_rnn
 
 from nests import Kit, analyze_nest, scheduled_nests
@@ -146,14 +153,14 @@ def birnn_inputs(N, L, seed=0):
 
 @pytest.mark.parametrize("L", [1, 2, 6])
 def test_bidirectional_rnn_critical_path(L):
-    """As traced, the two scans are independent and the join waits for both: L + 1 instances.
-    (Coarsening fuses the join into the forward scan, whose chain then starts after the whole
-    backward scan: today the coarsened model's critical path is 2L, issue 14's gap; only its
-    agreement with the brute force is checked, so that closing the gap does not break this.)"""
+    """As traced, the two scans are independent and the join waits for both: L + 1 instances;
+    coarsened too (fusing the join into the forward scan would make it wait for the whole
+    backward scan, 2L: the coarsening's CriticalPathGuard refuses that merge; at L = 1 all is
+    fused into one statement, one instance long)."""
     inputs = birnn_inputs(2, L)
     traced = ft.analyze(birnn, *inputs, coarsen=False)
     assert check_critical_path(traced, inputs) == L + 1
-    check_critical_path(ft.analyze(birnn, *inputs), inputs)
+    assert check_critical_path(ft.analyze(birnn, *inputs), inputs) == (L + 1 if L > 1 else 1)
 
 
 def gathered(xs, w):
@@ -286,3 +293,80 @@ def test_steps_as_run_match_the_generated_c(name, schedule):
     instances.sort(key=lambda x: x[1])
     assert s.steps_as_run == trie_steps(instances, omp)
     assert s.critical_path <= s.steps_as_run
+
+
+# -- the auto schedule reaches the critical path of the program as traced ----------------------
+def check_reaches(program, inputs, auto=None) -> int:
+    """The auto schedule's sequential steps <= the brute-force chain of the program as traced
+    (no coarsening); returns the steps."""
+    traced = ft.analyze(program, *inputs, coarsen=False)
+    auto = auto or ft.analyze(program, *inputs)
+    chain = brute_critical_path(traced, inputs)
+    assert auto.schedule.sequential_steps <= chain, auto.schedule.describe(auto.model.context)
+    return auto.schedule.sequential_steps
+
+
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_every_workload_auto_schedule_reaches_the_critical_path(name):
+    """From concrete inputs and from specs with sizes= (the same schedule either way)."""
+    mod = WORKLOADS[name]
+    inputs = mod.inputs("small", 0)
+    steps = check_reaches(mod.program, inputs)
+    specs = mod.specs("small")
+    sizes = interpret.bind_params(ft.trace(mod.program, *specs), inputs)
+    assert ft.analyze(mod.program, *specs, sizes=sizes).schedule.sequential_steps == steps
+
+
+@pytest.mark.parametrize("L", [1, 2, 6])
+def test_bidirectional_rnn_auto_takes_L_plus_1_and_computes_the_same(L):
+    """The forward and backward scans share time steps (per-statement hyperplanes: j and
+    L - 1 - j), the join follows both; the compiled code equals a numpy loop written out. (At
+    L = 1 coarsening fuses scans and join into one statement: one step.)"""
+    xss, wf, wb = birnn_inputs(2, L)
+    auto = ft.analyze(birnn, xss, wf, wb)
+    steps = L + 1 if L > 1 else 1
+    assert check_reaches(birnn, (xss, wf, wb), auto) == steps == auto.schedule.critical_path
+    assert L == 1 or auto.schedule.hyperplanes
+    got = ft.compile(birnn, xss, wf, wb)(xss, wf, wb).to_numpy()
+    x = xss.to_numpy()
+    fw, bw = np.zeros_like(x), np.zeros_like(x)
+    s = np.zeros((2, 1, H), np.float32)
+    for j in range(L):
+        s = np.tanh(x[:, j] @ wf + s)
+        fw[:, j] = s
+    s = np.zeros((2, 1, H), np.float32)
+    for j in reversed(range(L)):
+        s = np.tanh(x[:, j] @ wb + s)
+        bw[:, j] = s
+    assert rel_error(got, fw + bw) < 1e-5
+
+
+def test_dilated_rnn_layers_get_their_own_hyperplanes():
+    """At the paper's sizes one wavefront for all layers takes 253 steps; one hyperplane per
+    layer statement (its dilation in its slope) takes the critical path, 139. The schedule is
+    a plain ISL map: given back as a user's schedule it is legal and as long."""
+    mod = WORKLOADS["dilated_rnn"]
+    specs = mod.specs("paper")
+    sizes = {p: mod.PRESETS["paper"][p] for p in ft.trace(mod.program, *specs).params}
+    prog = ft.analyze(mod.program, *specs, sizes=sizes)
+    s = prog.schedule
+    assert (s.band_steps, s.sequential_steps, s.critical_path) == (253, 139, 139)
+    assert s.parallel[0] is False and all(s.parallel[1:])  # θ carries every dependence
+    slopes = {tuple(row[0][0]) for row in (time_rows(m) for m in s.hyperplanes.values())}
+    assert len(slopes) > 2, slopes
+    again = ft.analyze(mod.program, *specs, sizes=sizes, schedule=s.map)
+    assert again.schedule.sequential_steps == 139
+
+
+def test_symbolic_lengths_keep_the_band_schedule():
+    """Hyperplanes are fitted at concrete sizes: without them the bands' schedule stays."""
+    mod = WORKLOADS["dilated_rnn"]
+    s = ft.analyze(mod.program, *mod.specs("small")).schedule
+    assert not s.hyperplanes and s.sequential_steps is None
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(scheduled_nests(KIT).filter(lambda case: case[3] == "auto"))
+def test_random_nests_auto_schedule_reaches_the_critical_path(case):
+    prog, (xs, w), program = analyze_nest(case, KIT)
+    check_reaches(program, (xs, w), prog)

@@ -343,10 +343,18 @@ def band_offset(model, stmt, band) -> int:
     raise AssertionError(f"{band.block.name} is not on {stmt.name}'s path")
 
 
+def band_times(schedule) -> dict:
+    """The statements' time maps of the band schedule: without the per-statement hyperplanes,
+    where the schedule runs them outermost."""
+    if not schedule.hyperplanes:
+        return schedule.per_statement
+    return {n: m.project_out(isl.dim_type.out, 0, 1) for n, m in schedule.per_statement.items()}
+
+
 def carried_levels(prog, band) -> set:
     """The time levels inside the band's rows at which a dependence among its statements is
-    carried."""
-    per = prog.schedule.per_statement
+    carried (in the band schedule, `band_times`)."""
+    per = band_times(prog.schedule)
     levels = set()
     for m in maps(prog.deps.may_flow.union(prog.deps.anti).union(prog.deps.output)):
         src, dst = m.get_tuple_name(isl.dim_type.in_), m.get_tuple_name(isl.dim_type.out)

@@ -741,11 +741,16 @@ def test_flash_attention_states_live_in_each_threads_scratch():
 def test_dilated_rnn_layers_share_scratch_regions(monkeypatch):
     """A dilated layer's outputs are dead once the next layer has read them: the outputs of
     layers 0 and 2 start at one address of a thread's scratch. The compiled result equals
-    eager; with every local buffer forced into one region it does not (the test can fail)."""
+    eager; with every local buffer forced into one region it does not (the test can fail).
+    From specs: the band schedule, one sentence's layers after each other in one thread (at
+    concrete sizes per-layer hyperplanes run every layer over the whole batch at each step,
+    and nothing is local)."""
     mod = WORKLOADS["dilated_rnn"]
     inputs = mod.inputs("small", seed=33)
-    prog = ft.compile(mod.program, *inputs, target="c")
-    mem = prog.memory()
+    specs = mod.specs("small")
+    prog = ft.compile(mod.program, *specs, target="c")
+    assert not prog.schedule.hyperplanes
+    mem = prog.memory(sizes={p: mod.PRESETS["small"][p] for p in prog.model.params})
     local = mem[mem.placement == "local"]
     sizes = local.groupby("region").size()
     assert (sizes >= 2).any() and len(sizes) < len(local), local
@@ -755,6 +760,6 @@ def test_dilated_rnn_layers_share_scratch_regions(monkeypatch):
 
     from polyft.schedule.storage import Storage
     monkeypatch.setattr(Storage, "regions", lambda self, widths: [list(widths)])
-    spoiled = ft.compile(mod.program, *inputs, target="c")
+    spoiled = ft.compile(mod.program, *specs, target="c")
     assert "ft_region1" not in spoiled.source
     assert rel_error(spoiled(*inputs), mod.program(*inputs)) > TOL
