@@ -1,4 +1,4 @@
-"""Schedules written by hand (issue 14): every way a user writes one compiles, runs and equals
+"""Schedules written by hand: every way a user writes one compiles, runs and equals
 eager, for programs traced from `ft.spec`s and from concrete inputs; a schedule polyft cannot
 use is a ScheduleError that says why (a violating pair of instances, the statements expected
 and given, a misspelled name, two instances at one time); `polyft inspect --schedule "<isl>"`;
