@@ -23,6 +23,7 @@ import warnings
 from polyft.errors import CompileError, OutOfMemoryError
 
 from .protocol import Runtime
+from .threads import ThreadChoice, brief_spin
 
 # -ffp-contract=fast: ISO C (-std=c99) would otherwise forbid fusing a*b + c into one FMA
 FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-std=c99", "-fPIC", "-shared"]
@@ -179,7 +180,8 @@ def load(source: str, flags=None, cc=None) -> tuple[str, ctypes.CDLL]:
     for attempt in (1, 2):
         path = build(source, flags, cc)
         try:
-            return path, ctypes.CDLL(path)
+            with brief_spin():  # libgomp reads it when the first object loads it
+                return path, ctypes.CDLL(path)
         except OSError as e:
             _discard(path)
             if attempt == 2:
@@ -189,7 +191,8 @@ def load(source: str, flags=None, cc=None) -> tuple[str, ctypes.CDLL]:
 
 class CtypesRuntime(Runtime):
     """The C target's module compiled into a shared object, its `polyft_run(void** bufs,
-    const long* params)` called through ctypes on the arrays where they are."""
+    const long* params)` called through ctypes on the arrays where they are, each call on the
+    OpenMP thread count `threads` (emit/threads.py) measures as fastest for its lengths."""
 
     def __init__(self, module, flags=None):
         super().__init__(module)
@@ -198,14 +201,22 @@ class CtypesRuntime(Runtime):
         self._fn = self._lib.polyft_run
         self._fn.restype = ctypes.c_int
         self._fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_long)]
+        try:  # the OpenMP runtime the object links (libgomp, libomp): found through it
+            set_threads = self._lib.omp_set_num_threads
+            set_threads.argtypes = [ctypes.c_int]
+            self.threads = ThreadChoice(set_threads)
+        except AttributeError:  # built without OpenMP
+            self.threads = ThreadChoice(lambda n: None, most=1)
 
     def bind(self, arrays: list, values: dict) -> tuple:
         for a in arrays:
             assert a.flags.c_contiguous  # the caller allocates every buffer contiguously
-        params = (ctypes.c_long * max(1, len(self.module.params)))(*[int(values[p]) for p in self.module.params])
+        key = tuple(int(values[p]) for p in self.module.params)
+        params = (ctypes.c_long * max(1, len(key)))(*key)
+        pointers = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
 
-        def run():
-            if self._fn((ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays]), params):
+        def run(arrays=arrays):  # holds the arrays whose addresses `pointers` has
+            if self.threads.run(key, lambda: self._fn(pointers, params)):
                 raise OutOfMemoryError("the generated C could not allocate its threads' scratch for local buffers",
                                        op="run", where="generated C")
         return run, (lambda: None)

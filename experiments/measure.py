@@ -17,8 +17,8 @@ For one point (workload, sizes) every system of the workload gets one tidy row:
 
 Systems: on the CPU `numpy-eager`, `c-original` and `c-auto` (generated C, ft.compile with
 schedule "original" / "auto", OpenMP) and the torch baselines of experiments/baselines.py.
-CPU threads (OpenMP and torch alike): $POLYFT_THREADS, else every core (`threads` column);
-`load` is the 1-minute load average when the point started (other jobs on the machine). On a GPU `polyft-cuda-original/auto`
+CPU threads: torch's $POLYFT_THREADS, else every core (`threads` column); the generated C
+runs on its measured default (emit/threads.py), unless $POLYFT_THREADS pins it too; `load` is the 1-minute load average when the point started (other jobs on the machine). On a GPU `polyft-cuda-original/auto`
 (generated CUDA through PyCUDA), every torch baseline on CUDA (`<name>-cuda`: the per-cell
 loops; torch.nn.LSTM = cuDNN; SDPA = FlashAttention-2's kernel; two GEMMs = cuBLAS),
 `torch-compile-cuda` (the first baseline through torch.compile) and `triton` (no Triton
@@ -26,7 +26,6 @@ kernels here: always absent). GPU times are wall times between device synchronis
 """
 from __future__ import annotations
 
-import ctypes
 import importlib.util
 import os
 import statistics
@@ -179,16 +178,12 @@ def device_name(device: str) -> str:
 
 
 def set_threads() -> int:
-    """CPU threads for every system: $POLYFT_THREADS, else every core. torch's intra-op
-    threads and the generated C's OpenMP threads (libgomp) both follow it."""
+    """torch's intra-op threads: $POLYFT_THREADS, else every core. The generated C takes its own
+    count per call (emit/threads.py): $POLYFT_THREADS pinned, else the faster of one thread and
+    every core as measured on the program's calls."""
     import torch
     n = int(os.environ.get("POLYFT_THREADS") or 0) or os.cpu_count() or 1
     torch.set_num_threads(n)
-    os.environ["OMP_NUM_THREADS"] = str(n)  # for a libgomp loaded later
-    try:
-        ctypes.CDLL("libgomp.so.1").omp_set_num_threads(n)  # the one the generated C uses
-    except (OSError, AttributeError):
-        pass
     return n
 
 

@@ -33,6 +33,10 @@ ARTEFACTS = {
     "cpu_rnn": Artefact("polyft.experiments.cpu_rnn", "CPU timings of the RNN family", {
         "cpu_rnn.csv": "Eager numpy, generated C (original and auto schedules), torch per-cell loops and "
                        "torch.nn.LSTM on the RNN workloads at a few depths, on the CPU."}),
+    "threads": Artefact("polyft.experiments.threads", "CPU threads that never hurt", {
+        "threads.csv": "The generated C of every workload at Figure 7's quick shapes on one thread, on every "
+                       "core and at its measured default, with the machine idle and with one core busy, and "
+                       "each count's time over one thread's."}),
     "fig2": Artefact("polyft.experiments.fig2", "Figure 2", {
         "fig2.csv": "Time against stack depth of the stacked RNN and the stacked LSTM, every system "
                     "(GPU systems as absent rows where there is no GPU)."}),

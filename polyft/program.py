@@ -116,6 +116,12 @@ class CompiledProgram(Program):
         return self.layout.width(buf)
 
     @property
+    def threads(self):
+        """The C target's thread count per call (emit.threads.ThreadChoice: measured per set of
+        lengths; `.fixed = n` pins it, `.last` is the latest call's); None for other targets."""
+        return getattr(self._run, "threads", None)
+
+    @property
     def host_driver(self) -> str:
         """The CUDA targets' host driver (Python) launching the kernels."""
         return self.module.host

@@ -1,0 +1,128 @@
+"""How many OpenMP threads a compiled C call runs on: measured per program, not guessed.
+
+Splitting a call over every core pays when its parallel loops have work enough for all of them
+and every core is free. When the work per step is small, or another process holds a core, one
+thread is faster: a thread preempted inside a wavefront step makes every other thread wait at
+the step's barrier for a scheduler time slice (milliseconds). At the quick shapes on a 2-core
+machine with one core busy, every core was up to 4.3x slower than one thread (b2b GEMM).
+
+So each compiled program times its calls (`ThreadChoice`): the first call at a set of lengths
+warms up (pages, scratch) on every core and is not counted; the next calls try each candidate
+(one thread, every core), then run the faster one, probing the other after 2 calls, then 4, 8,
+... up to MAX_INTERVAL while it keeps losing (back to 2 when it wins), so a change of load is
+found again. The candidates' times are the median of their last KEEP calls; a probe's time
+replaces the probed candidate's. Results do not depend on the choice: threads split loops whose
+iterations write disjoint elements, each computed the same way.
+
+$POLYFT_THREADS fixes the count (nothing is measured).
+
+The OpenMP runtime's own waiting matters as much: libgomp's idle workers spin 300 000 times
+(milliseconds) before they sleep, so on a loaded machine a worker left spinning after a region
+takes a core from the thread doing the work. `brief_spin()` is in force while the C runtime loads
+the first compiled object (libgomp reads its settings then): SPIN_COUNT spins, tens of
+microseconds, keep a wavefront step's barrier quick and then yield. A GOMP_SPINCOUNT or
+OMP_WAIT_POLICY of the user's is left alone, and so is a libgomp some other library loaded first.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import time
+
+SPIN_COUNT = 2000
+FIRST_INTERVAL = 2
+MAX_INTERVAL = 256
+KEEP = 3
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+@contextlib.contextmanager
+def brief_spin():
+    """GOMP_SPINCOUNT = SPIN_COUNT in the environment while the block runs, unless the user set
+    how OpenMP waits (module docstring)."""
+    if "GOMP_SPINCOUNT" in os.environ or "OMP_WAIT_POLICY" in os.environ:
+        yield
+        return
+    os.environ["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
+    try:
+        yield
+    finally:
+        os.environ.pop("GOMP_SPINCOUNT", None)
+
+
+class _Lengths:
+    """What has been measured at one set of lengths."""
+
+    def __init__(self, options):
+        self.times = {n: [] for n in options}
+        self.calls = 0
+        self.interval = FIRST_INTERVAL
+        self.probe_at = 0
+
+
+class ThreadChoice:
+    """The thread count of each call of one compiled program (module docstring). `set_threads(n)`
+    makes the calling thread's next OpenMP regions run on n threads."""
+
+    def __init__(self, set_threads, most: int | None = None):
+        self.set_threads = set_threads
+        fixed = os.environ.get("POLYFT_THREADS")
+        self.fixed = int(fixed) if fixed else None
+        most = most or cores()
+        self.options = [1, most] if most > 1 else [1]
+        self._seen = {}
+        self.last = None  # the count of the latest call
+
+    def run(self, key, call):
+        """`call()` on the count chosen for the lengths `key`; its time is recorded."""
+        n = self.fixed or self._pick(key)
+        self.set_threads(n)
+        self.last = n
+        t0 = time.perf_counter()
+        out = call()
+        if self.fixed is None:
+            self._record(key, n, time.perf_counter() - t0)
+        return out
+
+    def _pick(self, key) -> int:
+        s = self._seen.setdefault(key, _Lengths(self.options))
+        if s.calls == 0 or len(self.options) == 1:
+            return self.options[-1]
+        untried = [n for n in self.options if not s.times[n]]
+        if untried:
+            return untried[0]
+        best = self.best(key)
+        if s.calls >= s.probe_at:
+            return next(n for n in self.options if n != best)
+        return best
+
+    def best(self, key) -> int | None:
+        """The count with the lowest median time at `key`, None before both are measured."""
+        s = self._seen.get(key)
+        if s is None or not all(s.times.values()):
+            return None
+        return min(self.options, key=lambda n: statistics.median(s.times[n]))
+
+    def _record(self, key, n, seconds):
+        s = self._seen[key]
+        s.calls += 1
+        if s.calls == 1:  # the warm-up call
+            return
+        before = self.best(key)
+        if before is not None and n != before:  # a probe: its time alone stands for it
+            s.times[n] = [seconds]
+            won = self.best(key) == n
+            s.interval = FIRST_INTERVAL if won else min(2 * s.interval, MAX_INTERVAL)
+            s.probe_at = s.calls + s.interval
+            return
+        s.times[n] = (s.times[n] + [seconds])[-KEEP:]
+        if before is None and self.best(key) is not None:
+            s.probe_at = s.calls + s.interval
