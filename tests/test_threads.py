@@ -37,10 +37,19 @@ class Clock:
         return 0
 
 
-def test_it_keeps_the_faster_count_and_probes_the_other_ever_more_rarely(monkeypatch):
+@pytest.fixture(autouse=True)
+def measured(monkeypatch):
+    """No pinned count unless a test sets one."""
     monkeypatch.delenv("POLYFT_THREADS", raising=False)
-    clock = Clock({1: 0.001, 4: 0.006})
-    choice = T.ThreadChoice(clock.set, most=4)
+
+
+def started(cost: dict, most: int):
+    clock = Clock(cost)
+    return clock, T.ThreadChoice(clock.set, most=most)
+
+
+def test_it_keeps_the_faster_count_and_probes_the_other_ever_more_rarely():
+    clock, choice = started({1: 0.001, 4: 0.006}, most=4)
     for _ in range(60):
         choice.run((), clock.call)
     assert clock.counts[:3] == [4, 1, 4]  # warm-up on every core, then each count once
@@ -50,10 +59,8 @@ def test_it_keeps_the_faster_count_and_probes_the_other_ever_more_rarely(monkeyp
     assert choice.best(()) == 1
 
 
-def test_a_change_of_load_is_found_again(monkeypatch):
-    monkeypatch.delenv("POLYFT_THREADS", raising=False)
-    clock = Clock({1: 0.004, 2: 0.001})
-    choice = T.ThreadChoice(clock.set, most=2)
+def test_a_change_of_load_is_found_again():
+    clock, choice = started({1: 0.004, 2: 0.001}, most=2)
     for _ in range(10):
         choice.run((), clock.call)
     assert choice.best(()) == 2
@@ -63,10 +70,8 @@ def test_a_change_of_load_is_found_again(monkeypatch):
     assert choice.best(()) == 1 and clock.counts[-6:].count(1) >= 5  # a probe of 2 at most
 
 
-def test_each_set_of_lengths_is_measured_apart(monkeypatch):
-    monkeypatch.delenv("POLYFT_THREADS", raising=False)
-    clock = Clock({1: 0.001, 2: 0.004})
-    choice = T.ThreadChoice(clock.set, most=2)
+def test_each_set_of_lengths_is_measured_apart():
+    clock, choice = started({1: 0.001, 2: 0.004}, most=2)
     for _ in range(6):
         choice.run(("small",), clock.call)
     clock.cost = {1: 0.004, 2: 0.001}
@@ -77,17 +82,14 @@ def test_each_set_of_lengths_is_measured_apart(monkeypatch):
 
 def test_polyft_threads_pins_the_count(monkeypatch):
     monkeypatch.setenv("POLYFT_THREADS", "3")
-    clock = Clock({3: 0.0})
-    choice = T.ThreadChoice(clock.set, most=8)
+    clock, choice = started({3: 0.0}, most=8)
     for _ in range(5):
         choice.run((), clock.call)
     assert clock.counts == [3] * 5 and choice.best(()) is None
 
 
-def test_one_core_means_one_thread(monkeypatch):
-    monkeypatch.delenv("POLYFT_THREADS", raising=False)
-    clock = Clock({1: 0.0})
-    choice = T.ThreadChoice(clock.set, most=1)
+def test_one_core_means_one_thread():
+    clock, choice = started({1: 0.0}, most=1)
     for _ in range(4):
         choice.run((), clock.call)
     assert clock.counts == [1] * 4
@@ -105,8 +107,7 @@ def test_brief_spin_leaves_a_users_setting_alone(monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["stacked_lstm", "flash_attention"])
-def test_results_do_not_depend_on_the_thread_count(name, monkeypatch):
-    monkeypatch.delenv("POLYFT_THREADS", raising=False)
+def test_results_do_not_depend_on_the_thread_count(name):
     mod = WORKLOADS[name]
     inputs = mod.inputs("small", seed=5)
     prog = ft.compile(mod.program, *inputs)
