@@ -49,7 +49,7 @@ EAGER = "numpy-eager"
 EAGER_LIMIT = 20_000  # product of the workload's lengths above which eager numpy is skipped
 CPU_TOL, GPU_TOL = 1e-4, 2e-3
 REPEATS = {"quick": 5, "paper": 10}
-WARMUP = 1
+WARMUP = 4  # the generated C's thread choice tries each count in its first calls (emit/threads.py)
 
 # workload -> torch baselines: (system name, function in baselines, what it is)
 TORCH = {
