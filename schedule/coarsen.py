@@ -356,7 +356,7 @@ def _to_fixpoint(etdg, once, name: str, log):
     return w.finish()
 
 
-def horizontal_merge(etdg: ETDG, log: list | None = None, sizes: dict | None = None) -> ETDG:
+def horizontal_merge(etdg: ETDG, log: list | None = None, guard: CriticalPathGuard | None = None) -> ETDG:
     """Merge sibling block nodes with equal dims and operator vectors and no edge between
     them (paper: Γ¹ ∪ Γ² = (i_d1, P1 ∪ P2, G_T = (V1 ∪ V2, E1 ∪ E2), p_d1)), to a fixpoint.
 
@@ -364,12 +364,12 @@ def horizontal_merge(etdg: ETDG, log: list | None = None, sizes: dict | None = N
     the second reads; then it takes the second's place, unless a node in between reads what
     the first writes (then the pair is left alone). With no data between the two, running
     them in one iteration space changes no value (a direct argument; no ISL needed). A merge
-    that makes the critical path longer (`CriticalPathGuard`, at `sizes`) is not done.
+    that makes the critical path longer (`guard`, by default at probe sizes) is not done.
     """
     log = [] if log is None else log
-    keeps = CriticalPathGuard(sizes)
+    guard = guard or CriticalPathGuard()
     n0, cur = len(log), etdg
-    while (nxt := _horizontal_once(cur, log, keeps)) is not None:
+    while (nxt := _horizontal_once(cur, log, guard)) is not None:
         cur = nxt
     if len(log) == n0:
         return _unchanged(etdg)
@@ -392,23 +392,23 @@ class CriticalPathGuard:
     scan waits for the whole backward scan: 2L steps instead of L + 1). Measured at `sizes`;
     lengths they leave symbolic are probed at the smallest values >= PROBE (a single probe: a
     merge that lengthens the path only at other lengths is not caught). Called as
-    `guard(before, after)`: True when `after` is no longer than `before`."""
+    `guard(before, after)`: True when `after` is no longer than `before`. One guard serves all
+    passes of a coarsening: lengths are remembered by the ETDG's printed form, which every pass
+    copies but most leave unchanged."""
 
     def __init__(self, sizes: dict | None = None):
         self.sizes = dict(sizes or {})
-        self._lengths = []  # (etdg, critical path): keeps the ETDGs, so ids stay unique
+        self._lengths = {}  # str(etdg) -> its critical path
 
     def __call__(self, before: ETDG, after: ETDG) -> bool:
         return self.length(after) <= self.length(before)
 
     def length(self, etdg: ETDG) -> int:
-        for e, n in self._lengths:
-            if e is etdg:
-                return n
-        model = build(etdg, self._probe(etdg))
-        n = critical_path(model, analyze(model))
-        self._lengths.append((etdg, n))
-        return n
+        key = str(etdg)
+        if key not in self._lengths:
+            model = build(etdg, self._probe(etdg))
+            self._lengths[key] = critical_path(model, analyze(model))
+        return self._lengths[key]
 
     def _probe(self, etdg: ETDG) -> dict:
         free = [p for p in etdg.params if p not in self.sizes]
@@ -512,7 +512,7 @@ def _vertical_once(etdg: ETDG, log, keeps) -> ETDG | None:
     return None
 
 
-def vertical_merge(etdg: ETDG, log: list | None = None, sizes: dict | None = None) -> ETDG:
+def vertical_merge(etdg: ETDG, log: list | None = None, guard: CriticalPathGuard | None = None) -> ETDG:
     """Merge producer/consumer sibling block nodes (connected by an edge), to a fixpoint.
 
     Dims are aligned outermost-first: the leading dims with equal extents whose operators
@@ -524,13 +524,13 @@ def vertical_merge(etdg: ETDG, log: list | None = None, sizes: dict | None = Non
     merged node at the producer's place, then at the consumer's; a candidate is kept only if
     `dataflow_violations` finds none (ISL, exact): the consumer reads the producer only at
     the same or an earlier merged iteration, and the nodes in between still see their data;
-    and only if it keeps the critical path (`CriticalPathGuard`, at `sizes`).
+    and only if it keeps the critical path (`guard`, by default at probe sizes).
     """
     log = [] if log is None else log
-    keeps = CriticalPathGuard(sizes)
+    guard = guard or CriticalPathGuard()
     cur = etdg
     while True:
-        nxt = _vertical_once(cur, log, keeps)
+        nxt = _vertical_once(cur, log, guard)
         if nxt is None:
             break
         cur = nxt
@@ -743,8 +743,9 @@ def coarsen(etdg: ETDG, depthwise: bool = True, depthwise_ops=("map",), max_roun
     """
     log = []
     cur = etdg
-    passes = [fuse_access_maps, drop_dead_buffers, lambda e, lg: horizontal_merge(e, lg, sizes),
-              lambda e, lg: vertical_merge(e, lg, sizes)]
+    guard = CriticalPathGuard(sizes)
+    passes = [fuse_access_maps, drop_dead_buffers, lambda e, lg: horizontal_merge(e, lg, guard),
+              lambda e, lg: vertical_merge(e, lg, guard)]
     if depthwise:
         passes.append(lambda e, lg: depthwise_merge(e, lg, ops=depthwise_ops))
     for _ in range(max_rounds):
