@@ -18,14 +18,19 @@ from polyft.primitives import getitem_axes
 CTYPES = {"float32": "float", "float64": "double", "float16": "float", "int64": "long long",
           "int32": "int"}
 # numpy's NaN rule for comparisons: a NaN operand wins (`x != x` only for NaN), unlike fmax/fmin
-UNARY = {"neg": "-({x})", "copy": "{x}", "astype": "{x}", "tanh": "tanh{f}({x})", "exp": "exp{f}({x})",
-         "log": "log{f}({x})", "sqrt": "sqrt{f}({x})", "sigmoid": "1 / (1 + exp{f}(-({x})))",
+# ft_exp, ft_tanh, ft_sigmoid (with the f suffix for float): each target's prelude says what they are
+# (the C target's vectorise, emit/vecmath.h)
+UNARY = {"neg": "-({x})", "copy": "{x}", "astype": "{x}", "tanh": "ft_tanh{f}({x})", "exp": "ft_exp{f}({x})",
+         "log": "log{f}({x})", "sqrt": "sqrt{f}({x})", "sigmoid": "ft_sigmoid{f}({x})",
          "relu": "ft_maximum({x}, 0)", "zeros_like": "0"}
 BINARY = {"add": "({a}) + ({b})", "sub": "({a}) - ({b})", "mul": "({a}) * ({b})",
           "truediv": "({a}) / ({b})", "maximum": "ft_maximum({a}, {b})", "minimum": "ft_minimum({a}, {b})"}
 # the macros behind them (both targets' preludes); max reductions step with ft_maximum too
 NAN_MACROS = """#define ft_maximum(a, b) ((a) != (a) || (a) > (b) ? (a) : (b))
-#define ft_minimum(a, b) ((a) != (a) || (a) < (b) ? (a) : (b))"""
+#define ft_minimum(a, b) ((a) != (a) || (a) < (b) ? (a) : (b))
+#define ft_exp exp
+#define ft_tanh tanh
+#define ft_sigmoid(x) (1 / (1 + exp(-(x))))"""
 
 
 def ctype(dtype: str) -> str:
@@ -133,7 +138,7 @@ class StatementBody:
     matmul of per-instance rows by a shared matrix reuses each of its rows across the tile.
     """
 
-    def __init__(self, ops, dim, param, buffer_ref, const_ref, batch=None):
+    def __init__(self, ops, dim, param, buffer_ref, const_ref, batch=None, kernel=(4, 1)):
         self.ops = ops
         self.dim = dim  # IterDim -> C name
         self.param = param  # parameter name -> C expression
@@ -141,6 +146,8 @@ class StatementBody:
         self.const_ref = const_ref  # numpy array -> name of a static const array
         self.batch = batch
         self.batched: set = set()
+        self.kernel = kernel  # the GEMM micro-kernel: (rows, vectors of 16 floats) of accumulators
+        self.sums: dict = {}  # add -> the two matmuls it sums, computed as one GEMM (_matmul_sums)
         self._in_batch = False  # generating the body of the per-instance `_b` loop
         self.lines: list = []
         self.temps: list = []  # (declaration line, name, C type, bytes) of the tile temporaries
@@ -227,9 +234,16 @@ class StatementBody:
     def generate(self) -> list:
         if self.batch is not None:
             self.batched = self._depends_on_batch()
+        self.sums = self._matmul_sums()
+        fused = {mm for pair in self.sums.values() for mm in pair}
         for op in self.ops:
+            if op in fused:
+                continue  # computed by the GEMM of the sum it feeds
             if op in self.batched:
                 self._batched(op)
+            elif op in self.sums:
+                self._decl(op)
+                self.lines += self._gemm_of(op, self.sums[op])
             else:
                 self._handler(op)(op)
         self._spill()
@@ -237,6 +251,31 @@ class StatementBody:
 
     def _depends_on_batch(self) -> set:
         return depends_on(self.ops, self.batch[0])
+
+    def _matmul_sums(self) -> dict:
+        """`x @ W + h @ U` (an add of two matmuls used nowhere else, same shape, float): add ->
+        its matmuls, computed as one GEMM `[x h] @ [W; U]` that accumulates both products in
+        the same registers, without building either concatenation."""
+        uses: dict = {}
+        for op in self.ops:
+            for a in op.inputs:
+                if isinstance(a, OpNode):
+                    uses[a] = uses.get(a, 0) + 1
+        out = {}
+        for op in self.ops:
+            mms = [a for a in op.inputs if isinstance(a, OpNode) and a.op == "matmul"]
+            if op.op != "add" or len(mms) != 2 or mms[0] is mms[1] or ctype(op.dtype) != "float" or \
+                    any(uses[m] != 1 or tuple(m.shape) != tuple(op.shape) or m.dtype != op.dtype or
+                        any(len(self._operand(x)[1]) != 2 for x in m.inputs) for m in mms):
+                continue
+            # batched: both products of per-instance rows by a shared matrix; else neither batched
+            kinds = {self._shared_right(m) if m in self.batched else None for m in mms}
+            if kinds == ({True} if op in self.batched else {None}):
+                out[op] = mms
+        return out
+
+    def _shared_right(self, mm) -> bool:
+        return not (isinstance(mm.inputs[1], OpNode) and mm.inputs[1] in self.batched)
 
     def _batched(self, op):
         """One tile per instance: declare for TB, then the operation inside `for _b < _nb`."""
@@ -246,8 +285,10 @@ class StatementBody:
             self._decl(op)
         outer, self.lines = self.lines, []
         self._in_batch = True
-        if op.op == "matmul" and not (isinstance(op.inputs[1], OpNode) and op.inputs[1] in self.batched):
+        if op.op == "matmul" and self._shared_right(op):
             body = self._matmul_shared_right(op)
+        elif op in self.sums:
+            body = self._gemm_of(op, self.sums[op])
         else:
             self._handler(op)(op)
             end = self._between_instances(op)
@@ -260,45 +301,63 @@ class StatementBody:
         return []
 
     def _matmul_shared_right(self, op) -> list:
-        """Rows of every instance times one shared matrix: one matrix-matrix product over all
-        the tile's rows, so each row of the shared matrix is loaded once per tile (the reuse a
+        return self._gemm_of(op, [op])
+
+    def _gemm_of(self, op, mms) -> list:
+        """op = the sum of the matmuls `mms` (one, or a fused pair), as one GEMM. Batched
+        (per-instance rows times one shared matrix): one matrix-matrix product over all the
+        tile's rows, so each row of the shared matrix is loaded once per tile (the reuse a
         GEMM gets) instead of once per instance."""
-        a_op, (b, sb, _) = op.inputs[0], self._operand(op.inputs[1])
-        P, K = a_op.shape
-        Q = sb[1]
-        a_row = (lambda r: f"v{a_op.id}[({r}) / {P}] + (({r}) % {P})*{K}") if a_op.op == "load" else \
-            (lambda r: f"v{a_op.id} + ({r})*{K}")
-        return self._gemm(f"_nb*{P}", K, Q, a_row, b, lambda r: f"v{op.id} + ({r})*{Q}", ctype(op.dtype))
+        terms = []
+        for mm in mms:
+            a_op, (b, _, _) = mm.inputs[0], self._operand(mm.inputs[1])
+            if mm in self.batched:
+                P, K = a_op.shape
+                a_row = (lambda r, a=a_op, P=P, K=K: f"v{a.id}[({r}) / {P}] + (({r}) % {P})*{K}") \
+                    if a_op.op == "load" else (lambda r, a=a_op, K=K: f"v{a.id} + ({r})*{K}")
+            else:
+                a, (P, K), _ = self._operand(a_op)
+                a_row = lambda r, a=a, K=K: f"{a} + ({r})*{K}"  # noqa: E731
+            terms.append((K, a_row, b))
+        P, Q = op.shape
+        rows = f"_nb*{P}" if op in self.batched else str(P)
+        return self._gemm(rows, terms, Q, lambda r: f"v{op.id} + ({r})*{Q}", ctype(op.dtype))
 
-    MR, NR = 4, 16  # micro-kernel: 4 rows x 16 float columns of accumulators, kept in registers
-
-    def _gemm(self, nrows: str, K: int, Q: int, a_row, b: str, out_row, t: str) -> list:
-        """out[r, :] = a[r, :] @ b for r < nrows: a register-blocked micro-kernel (MR rows x
-        NR float columns in vector registers, accumulated over all of K, stored once) when NR
-        divides Q, else plain loops. `a_row(r)` / `out_row(r)` are C pointers to row r."""
-        MR, NR = self.MR, self.NR
-        if Q % NR or t != "float":
-            return [cgen.For("int _r = 0", f"_r < {nrows}", "_r++", cgen.Block([
-                cgen.Line(f"const {t}* restrict _a = {a_row('_r')};"),
-                cgen.Line(f"{t}* restrict _o = {out_row('_r')};"),
-                cgen.For("int _q = 0", f"_q < {Q}", "_q++", cgen.Assign("_o[_q]", "0")),
-                cgen.For("int _m = 0", f"_m < {K}", "_m++", cgen.For(
-                    "int _q = 0", f"_q < {Q}", "_q++", cgen.Line(f"_o[_q] += _a[_m] * {b}[_m*{Q} + _q];")))]))]
-        acc = [f"_c{i}" for i in range(MR)]
+    def _gemm(self, nrows: str, terms: list, Q: int, out_row, t: str) -> list:
+        """out[r, :] = sum of a[r, :] @ b over the (K, a_row, b) `terms`, for r < nrows: a
+        register-blocked micro-kernel (MR rows x NV vectors of 16 floats, accumulated over
+        every term's K and stored once; self.kernel, chosen for the CPU) when 16 divides Q,
+        else plain loops. `a_row(r)` / `out_row(r)` are C pointers to row r."""
+        MR, NV = self.kernel
+        NV = NV if Q % (16 * NV) == 0 else 1
+        if Q % 16 or t != "float":
+            body = [cgen.Line(f"{t}* restrict _o = {out_row('_r')};"),
+                    cgen.For("int _q = 0", f"_q < {Q}", "_q++", cgen.Assign("_o[_q]", "0"))]
+            for K, a_row, b in terms:
+                body.append(cgen.Block([
+                    cgen.Line(f"const {t}* restrict _a = {a_row('_r')};"),
+                    cgen.For("int _m = 0", f"_m < {K}", "_m++", cgen.For(
+                        "int _q = 0", f"_q < {Q}", "_q++", cgen.Line(f"_o[_q] += _a[_m] * {b}[_m*{Q} + _q];")))]))
+            return [cgen.For("int _r = 0", f"_r < {nrows}", "_r++", cgen.Block(body))]
+        acc = [[f"_c{i}_{v}" for v in range(NV)] for i in range(MR)]
+        rows = [cgen.Line(f"const int _r = _r0 + _i < {nrows} ? _r0 + _i : _r0;  /* past the end: recompute, not stored */")]
+        rows += [cgen.Line(f"_a{k}[_i] = {a_row('_r')};") for k, (_, a_row, _) in enumerate(terms)]
+        rows += [cgen.Line(f"_o[_i] = {out_row('_r')};")]
+        steps = []
+        for k, (K, _, b) in enumerate(terms):
+            steps.append(cgen.For("int _m = 0", f"_m < {K}", "_m++", cgen.Block(
+                [cgen.Line(f"ft_vec _w{v};") for v in range(NV)]
+                + [cgen.Statement(f"memcpy(&_w{v}, {b} + _m*{Q} + _q0 + {16 * v}, sizeof _w{v})") for v in range(NV)]
+                + [cgen.Line(f"{acc[i][v]} += _a{k}[{i}][_m] * _w{v};") for i in range(MR) for v in range(NV)])))
+        store = [cgen.Statement(f"memcpy(_o[{i}] + _q0 + {16 * v}, &{acc[i][v]}, sizeof {acc[i][v]})")
+                 for v in range(NV) for i in range(MR)]
         return [cgen.For("int _r0 = 0", f"_r0 < {nrows}", f"_r0 += {MR}", cgen.Block([
-            cgen.Line(f"const {t}* _a[{MR}]; {t}* _o[{MR}];"),
-            cgen.For("int _i = 0", f"_i < {MR}", "_i++", cgen.Block([
-                cgen.Line(f"const int _r = _r0 + _i < {nrows} ? _r0 + _i : _r0;  /* past the end: recompute, not stored */"),
-                cgen.Line(f"_a[_i] = {a_row('_r')}; _o[_i] = {out_row('_r')};")])),
-            cgen.For("int _q0 = 0", f"_q0 < {Q}", f"_q0 += {NR}", cgen.Block([
-                cgen.Line(f"ft_vec {', '.join(f'{c} = {{0}}' for c in acc)};"),
-                cgen.For("int _m = 0", f"_m < {K}", "_m++", cgen.Block([
-                    cgen.Line("ft_vec _w;"),
-                    cgen.Statement(f"memcpy(&_w, {b} + _m*{Q} + _q0, sizeof _w)")]
-                    + [cgen.Line(f"{c} += _a[{i}][_m] * _w;") for i, c in enumerate(acc)])),
-                cgen.For("int _i = 0", f"_i < {MR} && _r0 + _i < {nrows}", "_i++", cgen.Block([
-                    cgen.Line(f"const ft_vec _c = {' : '.join(f'_i == {i} ? {c}' for i, c in enumerate(acc[:-1]))} : {acc[-1]};"),
-                    cgen.Statement("memcpy(_o[_i] + _q0, &_c, sizeof _c)")]))]))]))]
+            cgen.Line(" ".join(f"const {t}* _a{k}[{MR}];" for k in range(len(terms))) + f" {t}* _o[{MR}];"),
+            cgen.For("int _i = 0", f"_i < {MR}", "_i++", cgen.Block(rows)),
+            cgen.For("int _q0 = 0", f"_q0 < {Q}", f"_q0 += {16 * NV}", cgen.Block([
+                cgen.Line(f"ft_vec {', '.join(f'{c} = {{0}}' for row in acc for c in row)};")] + steps
+                + [cgen.If(f"_r0 + {MR} <= {nrows}", cgen.Block(store), cgen.Block([
+                    cgen.If(f"_r0 + {i} < {nrows}", cgen.Block(store[i::MR])) for i in range(MR)]))]))]))]
 
     def _handler(self, op):
         handler = getattr(self, f"_op_{op.op}", None)
@@ -348,7 +407,7 @@ class StatementBody:
     def _matmul(self, op, a, b, P, K, Q):
         o = self._ref(op)
         self._decl(op)
-        self.lines += self._gemm(str(P), K, Q, lambda r: f"{a} + ({r})*{K}", b, lambda r: f"{o} + ({r})*{Q}",
+        self.lines += self._gemm(str(P), [(K, lambda r: f"{a} + ({r})*{K}", b)], Q, lambda r: f"{o} + ({r})*{Q}",
                                  ctype(op.dtype))
 
     def _op_transpose(self, op):
@@ -408,7 +467,7 @@ class StatementBody:
             return [cgen.Line(f"{ctype(op.dtype)} _mx = -INFINITY, _sm = 0;"),
                     cgen.For("int _a = 0", f"_a < {n}", "_a++", cgen.Line(f"_mx = fmax{f}(_mx, {x}[{at('_a')}]);")),
                     cgen.For("int _a = 0", f"_a < {n}", "_a++", cgen.Block([
-                        cgen.Line(f"{o}[{at('_a')}] = exp{f}({x}[{at('_a')}] - _mx);"),
+                        cgen.Line(f"{o}[{at('_a')}] = ft_exp{f}({x}[{at('_a')}] - _mx);"),
                         cgen.Line(f"_sm += {o}[{at('_a')}];")])),
                     cgen.For("int _a = 0", f"_a < {n}", "_a++", cgen.Line(f"{o}[{at('_a')}] /= _sm;"))]
         self.lines.append(self._loops([s[d] for d in outer], body, "_e"))

@@ -9,6 +9,9 @@ own copy of the context whose pointers into the scratch are the thread's.
 """
 from __future__ import annotations
 
+import functools
+import os
+
 import cgen
 import numpy as np
 
@@ -17,6 +20,10 @@ from .c_family import (MACROS, TILE, StatementCalls, const_decl, local_widths, p
 from .c_statements import StatementBody, ctype, length_c, native_dtype
 from .isl_ast import build_ast, to_cgen
 from .protocol import Module, Target
+from .runtime_c import native_features
+
+with open(os.path.join(os.path.dirname(__file__), "vecmath.h")) as _f:
+    VECMATH = _f.read()
 
 PRELUDE = """#include <math.h>
 #include <stddef.h>
@@ -50,7 +57,15 @@ static void ft_give_scratch(char* p, long bytes)
   __atomic_store_n(&ft_kept, p, __ATOMIC_RELEASE);
 }
 typedef float ft_vec __attribute__((vector_size(64)));  /* 16 floats: the GEMM micro-kernel's row */
-""" + MACROS
+
+/* The step of a tiled parallel loop of n iterations: tiles of at most `size`, narrowed so that
+   every thread of the call gets one (fewer rows per GEMM beats idle threads) */
+static long ft_split(long n, long size)
+{
+  const long t = omp_get_max_threads(), w = (n + t - 1) / t;
+  return w < 1 ? 1 : (w < size ? w : size);
+}
+""" + MACROS + "\n" + VECMATH
 
 
 class CTarget(Target):
@@ -59,6 +74,9 @@ class CTarget(Target):
     (runtime_c.CtypesRuntime); it returns 1 when the threads' scratch cannot be allocated."""
 
     name = "C"
+
+    def __init__(self, kernel=None):
+        self.kernel = kernel  # the GEMM micro-kernel (rows, 16-float vectors); None: micro_kernel()
 
     @staticmethod
     def local_widths(model, schedule, storage) -> dict:
@@ -79,7 +97,8 @@ class CTarget(Target):
 
         def spill(st, body):
             spilled[0] = max(spilled[0], body.scratch_bytes)
-        functions = statement_functions(etdg, namer, buffer_ref, consts, StatementBody, "static void",
+        body = functools.partial(StatementBody, kernel=self.kernel or micro_kernel(native_features()))
+        functions = statement_functions(etdg, namer, buffer_ref, consts, body, "static void",
                                         cgen.Value("const ctx_t* restrict", "c"), called.variants, spill)
         setup = [cgen.Line("ctx_t ctx;"), cgen.Line("const ctx_t* c = &ctx;")]
         setup += [cgen.Line(f"const long {p} = ctx.{p} = params[{k}];") for k, p in enumerate(params)]
@@ -118,7 +137,7 @@ class CTarget(Target):
         else:
             setup.append(cgen.Line("ctx.ft_tmp = NULL;"))
         code = to_cgen(ast, schedule.parallel, StatementCalls("c"), lambda loop: _parallel(loop, offsets, scratch),
-                       tiles=tiles)
+                       tiles=tiles, split="ft_split")
         end = [cgen.Line("ft_give_scratch(ft_scratch, ft_per_thread * omp_get_max_threads());")] if scratch else []
         run = cgen.FunctionBody(
             cgen.FunctionDeclaration(cgen.Value("int", "polyft_run"),
@@ -129,6 +148,14 @@ class CTarget(Target):
                              + [const_decl(n, v) for n, v in consts.values()] + [cgen.Line("")]
                              + functions + [cgen.Line(""), run])
         return Module(str(module) + "\n", layout, tuple(params))
+
+
+def micro_kernel(features) -> tuple:
+    """The GEMM's register block, (rows, vectors of 16 floats) of accumulators, for the CPU:
+    AVX-512's 32 vector registers hold 8 x 2 of them plus the loaded row of the right matrix
+    (16 independent FMA chains hide the FMA latency); AVX2's 16 registers (two per 16 floats)
+    hold 4 x 1."""
+    return (8, 2) if "__AVX512F__" in features else (4, 1)
 
 
 def _extent_c(cells, n) -> str:

@@ -50,7 +50,12 @@ ALIGN = 64  # bytes: where each region of local buffers starts in the block's sh
 with open(os.path.join(os.path.dirname(__file__), "tiles.cuh")) as _f:
     LIBRARY = _f.read()
 
-PRELUDE = "#include <stdint.h>\n" + MACROS
+# the float element functions are CUDA's own (the C target's vectorised ones are for CPUs)
+PRELUDE = "#include <stdint.h>\n" + MACROS + """
+#define ft_expf expf
+#define ft_tanhf tanhf
+#define ft_sigmoidf(x) (1 / (1 + expf(-(x))))
+"""
 
 
 @dataclass(frozen=True)

@@ -40,13 +40,16 @@ def below(node) -> list:
 
 
 def to_cgen(node: isl.AstNode, parallel: list, statement, parallel_for, inside_parallel=False,
-            tiles=(), tile=None):
+            tiles=(), tile=None, split=None):
     """cgen for `node`. `statement(name, [C arg exprs], tile)` gives a statement's code;
     `parallel_for(loop)` wraps a parallel loop (e.g. with an OpenMP pragma). Loops whose
     text is in `tiles` (loop -> tile size, from `tileable_loops`) advance a
-    tile at a time; statements inside get `tile = (argument position, C count)`."""
+    tile at a time; statements inside get `tile = (argument position, C count)`. With
+    `split` (a C function name), a tiled loop that is itself the parallel one advances by
+    `split(iterations, tile size)` instead, computed when the loop starts: the target narrows
+    tiles so that every thread gets one (16 iterations in tiles of 16 are one thread's work)."""
     def sub(n, inside=inside_parallel, tl=tile):
-        return to_cgen(n, parallel, statement, parallel_for, inside, tiles, tl)
+        return to_cgen(n, parallel, statement, parallel_for, inside, tiles, tl, split)
     t = node.get_type()
     if t == isl.ast_node_type.block:
         return cgen.Block([sub(c) for c in children(node)])
@@ -60,9 +63,14 @@ def to_cgen(node: isl.AstNode, parallel: list, statement, parallel_for, inside_p
             hi, inclusive = upper_bound(node)
             left = f"{hi.to_C_str()} - {it}{' + 1' if inclusive else ''}"  # iterations from it on
             count = f"{it}_n"
-            body = [cgen.Line(f"const long {count} = min({size}, {left});"),
+            step = f"{it}_w" if par and split else size
+            body = [cgen.Line(f"const long {count} = min({step}, {left});"),
                     sub(node.for_get_body(), inside_parallel or par, (it, count))]
-            loop = cgen.For(init, node.for_get_cond().to_C_str(), f"{it} += {size}", cgen.Block(body))
+            loop = cgen.For(init, node.for_get_cond().to_C_str(), f"{it} += {step}", cgen.Block(body))
+            if step != size:
+                first = node.for_get_init().to_C_str()
+                width = f"{split}({hi.to_C_str()} - ({first}){' + 1' if inclusive else ''}, {size})"
+                return cgen.Block([cgen.Line(f"const long {step} = {width};"), parallel_for(loop)])
         else:
             body = sub(node.for_get_body(), inside_parallel or par)
             loop = cgen.For(init, node.for_get_cond().to_C_str(), f"{it} += {node.for_get_inc().to_C_str()}",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import errno
+import functools
 import hashlib
 import os
 import re
@@ -67,8 +68,24 @@ def compiler(cc=None) -> str:
     return cc
 
 
+@functools.lru_cache(maxsize=None)
 def _version(cc) -> str:
     return subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+
+
+@functools.lru_cache(maxsize=None)
+def native_features(cc=None) -> frozenset:
+    """The instruction-set macros `-march=native` defines here (`__AVX512F__`, `__AVX2__`, ...):
+    what the generated code may use. Part of the compile cache key, so that a cache shared by
+    machines (a network home) never hands one an object built for another's instructions; the
+    C target picks its GEMM micro-kernel by them. Empty when there is no compiler to ask."""
+    try:
+        cc = compiler(cc)
+    except CompileError:
+        return frozenset()
+    r = subprocess.run([cc, "-march=native", "-dM", "-E", "-x", "c", os.devnull], capture_output=True, text=True)
+    return frozenset(m.group(1) for m in re.finditer(r"#define (__[A-Z0-9_]+__) 1$", r.stdout, re.M)
+                     if re.fullmatch(r"__(SSE|AVX|FMA|F16C|AMX|BMI|ARM_NEON|ARM_FEATURE)\w*", m.group(1)))
 
 
 def source_context(source: str, message: str, around: int = 3) -> str:
@@ -146,7 +163,8 @@ def build(source: str, flags=None, cc=None) -> str:
     """Path of the verified shared object for `source`, compiling it unless cached intact."""
     cc = compiler(cc)
     flags = list(FLAGS if flags is None else flags)
-    key = hashlib.sha256("\0".join([source, cc, _version(cc)] + flags).encode()).hexdigest()[:20]
+    key = hashlib.sha256("\0".join([source, cc, _version(cc), *sorted(native_features(cc))] + flags).encode()
+                         ).hexdigest()[:20]
     d = cache_dir()
     so = os.path.join(d, f"polyft_{key}.so")
     if _intact(so):

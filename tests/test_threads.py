@@ -122,3 +122,22 @@ def test_results_do_not_depend_on_the_thread_count(name):
     for _ in range(4):
         prog(*inputs)
     assert prog.threads.last in prog.threads.options
+
+
+def test_tiles_of_a_parallel_loop_are_split_among_the_threads():
+    """A tiled parallel loop advances by ft_split(iterations, 16): at most 16 instances a
+    tile, narrower when the threads would otherwise not all get one (16 map instances were
+    one tile, one thread's work); any count of threads gives the same bits."""
+    def rows(xs, w):
+        return xs.map(lambda x: ft.tanh(x @ w))
+    w = np.random.default_rng(0).standard_normal((32, 32)).astype(np.float32) / 6
+    prog = ft.compile(rows, ft.spec("[N]float32[2, 32]"), ft.spec("float32[32, 32]"))
+    assert "c1 += c1_w" in prog.source and "ft_split(" in prog.source
+    for N in (1, 5, 16, 33):
+        xs = ft.FractalTensor.from_numpy(np.random.default_rng(N).standard_normal((N, 2, 32)).astype(np.float32), 1)
+        outs = []
+        for n in (1, 2, 3):
+            prog.threads.fixed = n
+            outs.append(prog(xs, w))
+        assert all(rel_error(o, outs[0]) == 0.0 for o in outs)
+        assert rel_error(outs[0], rows(xs, w)) < 1e-5

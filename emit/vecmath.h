@@ -1,0 +1,52 @@
+/* Single-precision exp, tanh and sigmoid for the generated C, written so that a loop calling
+   them vectorises (AVX2, AVX-512): no branches, no calls, no errno, bit casts by memcpy.
+   libm's expf and tanhf are calls the compiler cannot vectorise; over an LSTM's gates they
+   cost more than its matrix products. Accuracy against a float64 reference is measured in
+   tests/test_vecmath.py (max ulp error printed there and kept in the README). */
+
+static inline float ft_ldexp2f(float p, int n)
+{  /* p * 2^n for n in [-152, 130], as two exact scalings so that no step overflows early
+      and results below FLT_MIN round once, to the subnormal they belong to */
+  const int n1 = n >> 1, n2 = n - n1;
+  const int b1 = (n1 + 127) << 23, b2 = (n2 + 127) << 23;
+  float s1, s2;
+  __builtin_memcpy(&s1, &b1, sizeof s1);
+  __builtin_memcpy(&s2, &b2, sizeof s2);
+  return p * s1 * s2;
+}
+
+static inline float ft_expf(float x)
+{  /* e^x = 2^n e^r, n = round(x / ln 2), |r| <= ln 2 / 2; e^r by Cephes' degree-6 polynomial */
+  const float xc = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);  /* beyond: 0 and inf */
+  const float n = __builtin_rintf(xc * 1.44269504088896341f);
+  float r = xc - n * 0.693359375f;  /* ln 2 in two parts: n * hi is exact */
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const float y = ft_ldexp2f(p, (int)n);
+  return x != x ? x : y;  /* NaN in, NaN out */
+}
+
+static inline float ft_tanhf(float x)
+{  /* on |x|, the sign restored at the end (tanh(-0) = -0): below 0.625 Cephes' odd
+     polynomial, beyond 1 - 2 / (e^{2|x|} + 1) */
+  const float a = __builtin_fabsf(x), z = a * a;
+  float p = -5.70498872745e-3f;
+  p = p * z + 2.06390887954e-2f;
+  p = p * z - 5.37397155531e-2f;
+  p = p * z + 1.33314422036e-1f;
+  p = p * z - 3.33332819422e-1f;
+  const float small = p * z * a + a;
+  const float big = 1.0f - 2.0f / (ft_expf(2.0f * a) + 1.0f);
+  return __builtin_copysignf(a < 0.625f ? small : big, x);
+}
+
+static inline float ft_sigmoidf(float x)
+{  /* 1 / (1 + e^-x): e^-x = inf gives 0, as it should */
+  return 1.0f / (1.0f + ft_expf(-x));
+}

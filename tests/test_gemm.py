@@ -1,0 +1,96 @@
+"""The C target's GEMM: the micro-kernel picked for the CPU, and `x @ W + h @ U` as one GEMM.
+
+* every micro-kernel shape (the portable 4 x 16, AVX-512's 8 x 32, and 8 x 16 where 32 does not
+  divide the columns) gives the eager result, on row counts that leave partial register blocks
+  and partial batch tiles, and on column counts the vector kernel cannot take (plain loops);
+* a sum of two matmuls is computed as one GEMM over both (the generated C accumulates the
+  second product into the first's registers), batched over a map and unbatched inside a scan;
+  a matmul also used elsewhere is not fused;
+* the kernel follows the compiler's instruction set (`native_features`), which is part of the
+  compile cache key.
+"""
+from __future__ import annotations
+
+import platform
+
+import pytest
+
+import polyft as ft
+from polyft.emit import runtime_c
+from polyft.emit.c_target import micro_kernel
+from polyft.emit.targets import TARGETS
+
+from helpers import assert_same, flist, rand
+
+pytestmark = pytest.mark.usefixtures("compile_cache")
+
+KERNELS = [(4, 1), (8, 2), (8, 1)]
+
+
+@pytest.fixture(params=KERNELS, ids=lambda k: f"{k[0]}x{16 * k[1]}")
+def kernel(request, monkeypatch):
+    monkeypatch.setattr(TARGETS["c"][0], "kernel", request.param)
+    return request.param
+
+
+def gates(xs, hs, w, u):
+    return ft.map(lambda x, h: x @ w + h @ u, xs, hs)
+
+
+def fused_terms(source: str) -> int:
+    """How many GEMMs of the generated C accumulate a second product (`_a1`: its rows)."""
+    return source.count("const float* _a1[")
+
+
+@pytest.mark.parametrize("N, P, H, Q", [(19, 1, 32, 64), (5, 3, 16, 48), (16, 2, 8, 24)])
+def test_sum_of_matmuls_over_a_map(kernel, N, P, H, Q):
+    xs, hs = flist([N], [P, H], 1), flist([N], [P, H], 2)
+    w, u = rand((H, Q), 3), rand((H, Q), 4)
+    prog = ft.compile(gates, xs, hs, w, u)
+    assert fused_terms(prog.source) == (1 if Q % 16 == 0 else 0)
+    assert_same(prog(xs, hs, w, u), gates(xs, hs, w, u))
+
+
+def test_sum_of_matmuls_inside_a_scan(kernel):
+    def rnn(xs, w, u):
+        return xs.scanl(lambda h, x: ft.tanh(x @ w + h @ u), ft.zeros((3, 32)))
+    xs, w, u = flist([7], [3, 32], 5), rand((32, 32), 6) / 6, rand((32, 32), 7) / 6
+    prog = ft.compile(rnn, xs, w, u)
+    assert fused_terms(prog.source) == 1
+    assert_same(prog(xs, w, u), rnn(xs, w, u))
+
+
+def test_a_matmul_used_twice_is_not_fused(kernel):
+    def both(xs, hs, w, u):
+        def f(x, h):
+            y = x @ w
+            return y + h @ u, y * 2
+        return ft.map(f, xs, hs)
+    xs, hs, w, u = flist([19], [1, 32], 8), flist([19], [1, 32], 9), rand((32, 32), 10), rand((32, 32), 11)
+    prog = ft.compile(both, xs, hs, w, u)
+    assert fused_terms(prog.source) == 0
+    assert_same(prog(xs, hs, w, u), both(xs, hs, w, u))
+
+
+def test_kernel_follows_the_instruction_set():
+    assert micro_kernel({"__AVX512F__", "__AVX2__"}) == (8, 2)
+    assert micro_kernel({"__AVX2__", "__FMA__"}) == micro_kernel(frozenset()) == (4, 1)
+    if platform.machine() in ("x86_64", "AMD64"):
+        assert "__SSE2__" in runtime_c.native_features()
+
+
+def test_cache_key_holds_the_instruction_set(monkeypatch):
+    source = "int f(void) { return 1; }\n"
+    here = runtime_c.build(source)
+    assert runtime_c.build(source) == here
+    monkeypatch.setattr(runtime_c, "native_features", lambda cc=None: frozenset({"__SOME_OTHER_CPU__"}))
+    assert runtime_c.build(source) != here
+
+
+def test_generated_gemm_uses_the_chosen_kernel(monkeypatch):
+    monkeypatch.setattr(runtime_c, "native_features", lambda cc=None: frozenset({"__AVX512F__"}))
+    monkeypatch.setattr("polyft.emit.c_target.native_features", runtime_c.native_features)
+    xs, hs, w, u = flist([16], [1, 64], 1), flist([16], [1, 64], 2), rand((64, 64), 3), rand((64, 64), 4)
+    prog = ft.compile(gates, xs, hs, w, u)
+    assert "_c7_1" in prog.source and "_c8_0" not in prog.source  # 8 rows x 2 vectors of accumulators
+    assert_same(prog(xs, hs, w, u), gates(xs, hs, w, u))
