@@ -16,7 +16,9 @@ For one point (workload, sizes) every system of the workload gets one tidy row:
   EAGER_LIMIT is "skipped: ...".
 
 Systems: on the CPU `numpy-eager`, `c-original` and `c-auto` (generated C, ft.compile with
-schedule "original" / "auto", OpenMP) and the torch baselines of experiments/baselines.py.
+schedule "original" / "auto", OpenMP, at the default threads), `c-auto-1thread` (the same
+object pinned to one thread: what the threads add) and the torch baselines of
+experiments/baselines.py.
 CPU threads: torch's $POLYFT_THREADS, else every core (`threads` column); the generated C
 runs on its measured default (emit/threads.py), unless $POLYFT_THREADS pins it too; `load` is the 1-minute load average when the point started (other jobs on the machine). On a GPU `polyft-cuda-original/auto`
 (generated CUDA through PyCUDA), every torch baseline on CUDA (`<name>-cuda`: the per-cell
@@ -99,9 +101,10 @@ def _why_absent(gpu: bool, modules=(), missing_impl: str = "") -> str:
 _COMPILED: dict = {}
 
 
-def _polyft(target: str, schedule: str):
+def _polyft(target: str, schedule: str, threads: int | None = None):
     """Generated code: compiled once per (workload, static shape) from the specs, so one
-    shared object serves every length of a sweep; bound to the point's inputs for timing."""
+    shared object serves every length of a sweep; bound to the point's inputs for timing.
+    `threads` pins the C target's thread count for this system's calls (else its default)."""
     def build(inputs, workload=None, sizes=None):
         mod = get(workload)
         specs = mod.specs("small", **sizes)
@@ -110,7 +113,18 @@ def _polyft(target: str, schedule: str):
             _COMPILED[key] = ft.compile(mod.program, *specs, target=target, schedule=schedule)
         prog = _COMPILED[key]
         go, _ = prog.bind(*inputs)
-        return baselines.Baseline(go, lambda: prog(*inputs))
+        if threads is None:
+            return baselines.Baseline(go, lambda: prog(*inputs))
+
+        def pinned(fn):
+            def call():
+                default, prog.threads.fixed = prog.threads.fixed, threads
+                try:
+                    return fn()
+                finally:
+                    prog.threads.fixed = default
+            return call
+        return baselines.Baseline(pinned(go), pinned(lambda: prog(*inputs)))
     return build
 
 
@@ -131,7 +145,9 @@ def systems(workload: str) -> list:
     gpu = gpu_available()
     out = [System(EAGER, "cpu", _eager, note="the program run eagerly on numpy (the reference)"),
            System("c-original", "cpu", _polyft("c", "original"), note="generated C, the nest as written"),
-           System("c-auto", "cpu", _polyft("c", "auto"), note="generated C, coarsened and reordered (§5)")]
+           System("c-auto", "cpu", _polyft("c", "auto"), note="generated C, coarsened and reordered (§5)"),
+           System("c-auto-1thread", "cpu", _polyft("c", "auto", threads=1),
+                  note="generated C, coarsened and reordered, pinned to one thread")]
     out += [System(name, "cpu", _torch(fn, "cpu"), note=what) for name, fn, what in TORCH[workload]]
     cuda = _why_absent(gpu, ["pycuda"])
     out += [System(f"polyft-cuda-{s}", "cuda", _polyft("cuda", s), cuda, f"generated CUDA, schedule {s}")
@@ -217,7 +233,8 @@ def measure(workload: str, sizes: dict, preset: str = "quick", repeats: int | No
     for system in systems(workload):
         row = dict(common, system=system.name, device=device_name(system.device), status="ok",
                    seconds=float("nan"), seconds_min=float("nan"), seconds_max=float("nan"), repeats=0,
-                   warmup=0, rel_error=float("nan"), checked_against="", threads=threads,
+                   warmup=0, rel_error=float("nan"), checked_against="",
+                   threads=1 if system.name.endswith("-1thread") else threads,
                    load=round(load, 2), preset=preset, **info, note=system.note)
         rows.append(row)
         if system.absent:

@@ -37,7 +37,7 @@ from .table7 import PAPER_DRAM  # noqa: E402
 
 # one colour and marker per system, the same in every figure (polyft's own systems in red/blue)
 STYLE = {
-    "c-auto": ("tab:red", "o", "-"), "c-original": ("tab:blue", "s", "--"),
+    "c-auto": ("tab:red", "o", "-"), "c-original": ("tab:blue", "s", "--"), "c-auto-1thread": ("salmon", "o", ":"),
     "polyft-cuda-auto": ("darkred", "o", "-"), "polyft-cuda-original": ("navy", "s", "--"),
     "numpy-eager": ("tab:gray", "x", ":"),
     "torch-cell-loop": ("tab:orange", "^", "-"), "torch-nn-lstm": ("tab:green", "D", "-"),

@@ -37,6 +37,10 @@ ARTEFACTS = {
         "threads.csv": "The generated C of every workload at Figure 7's quick shapes on one thread, on every "
                        "core and at its measured default, with the machine idle and with one core busy, and "
                        "each count's time over one thread's."}),
+    "gemm": Artefact("polyft.experiments.gemm", "The generated GEMM against the CPU's peak", {
+        "gemm.csv": "GFLOP/s of the generated C's matrix products (x @ W over a batch of rows, x @ W + h @ U as "
+                    "one GEMM) on one core, with the micro-kernel chosen for the CPU and the portable one, "
+                    "beside torch's matmul and the core's measured FMA peak."}),
     "fig2": Artefact("polyft.experiments.fig2", "Figure 2", {
         "fig2.csv": "Time against stack depth of the stacked RNN and the stacked LSTM, every system "
                     "(GPU systems as absent rows where there is no GPU)."}),

@@ -45,10 +45,11 @@ def test_measure_checks_times_and_reports_absent_systems():
     rows = measure.measure("stacked_rnn", dict(N=2, H=8, L=4, D=2), repeats=2)
     by = {r["system"]: r for r in rows}
     assert list(by) == [s.name for s in measure.systems("stacked_rnn")]
-    for name in ("numpy-eager", "c-original", "c-auto", "torch-cell-loop"):
+    for name in ("numpy-eager", "c-original", "c-auto", "c-auto-1thread", "torch-cell-loop"):
         assert by[name]["status"] == "ok" and by[name]["seconds"] > 0 and by[name]["repeats"] == 2
         assert by[name]["seconds_min"] <= by[name]["seconds"] <= by[name]["seconds_max"]
     assert by["c-auto"]["checked_against"] == "numpy-eager" and by["c-auto"]["rel_error"] < 1e-4
+    assert by["c-auto-1thread"]["threads"] == 1 and by["c-auto-1thread"]["rel_error"] < 1e-4
     assert by["triton"]["status"].startswith("absent:") and "not implemented" in by["triton"]["status"]
     if not measure.gpu_available():
         for name in ("polyft-cuda-auto", "torch-cell-loop-cuda", "torch-compile-cuda"):
