@@ -10,7 +10,7 @@ import numpy as np
 from polyft.deps.isl_helpers import Namer
 from polyft.schedule.storage import BATCH
 
-from .c_statements import NAN_MACROS, ctype, shared_matmul_work
+from .c_statements import NAN_MACROS, ctype, shared_matmul_rows, shared_matmul_work
 from .isl_ast import call_loops, level, loop_key, tileable_loops
 from .protocol import Layout
 
@@ -105,11 +105,18 @@ def statement_functions(etdg, namer, buffer_ref, consts: dict, body_class, quali
     return functions
 
 
-def tiled_loops(etdg, ast, parallel: list, size: int) -> dict:
+def tiled_loops(etdg, ast, parallel: list, size: int, rows: int | None = None) -> dict:
     """The loops to run `size` instances at a time (isl_ast.tileable_loops), chosen by the
-    matmul work whose right matrix a tile shares (c_statements.shared_matmul_work)."""
+    matmul work whose right matrix a tile shares (c_statements.shared_matmul_work). With
+    `rows`, fewer instances where each brings many rows: a tile's products get about `rows`
+    rows (its temporaries then stay in a CPU core's caches)."""
     by_name = {st.name: st for st in etdg.statements}
-    return tileable_loops(ast, parallel, size,
+
+    def width(calls) -> int:
+        most = max((shared_matmul_rows(by_name[name].ops, by_name[name].dims[pos]) for name, pos in calls),
+                   default=1)
+        return max(1, min(size, rows // most)) if rows else size
+    return tileable_loops(ast, parallel, width,
                           lambda name, pos: shared_matmul_work(by_name[name].ops, by_name[name].dims[pos]))
 
 

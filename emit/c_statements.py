@@ -129,6 +129,14 @@ def shared_matmul_work(ops, d) -> int:
     return work
 
 
+def shared_matmul_rows(ops, d) -> int:
+    """The most rows one instance brings to a matmul whose right matrix a tile of dim d shares."""
+    dep = depends_on(ops, d)
+    return max([op.inputs[0].shape[0] for op in ops if op.op == "matmul" and op in dep
+                and isinstance(op.inputs[0], OpNode) and op.inputs[0] in dep and len(op.inputs[0].shape) == 2
+                and not (isinstance(op.inputs[1], OpNode) and op.inputs[1] in dep)], default=1)
+
+
 class StatementBody:
     """C code for one statement's operation nodes (in order).
 
@@ -425,23 +433,36 @@ class StatementBody:
         axes = list(range(len(s))) if axis is None else [a % len(s) for a in np.atleast_1d(axis)]
         return x, s, axes, [d for d in range(len(s)) if d not in axes]
 
-    def _reduce(self, op, init, step, finish=None):
+    def _reduce(self, op, init, step, finish=None, simd="+"):
+        """One accumulator per output element, its reduced axes innermost under `omp simd
+        reduction(simd: ...)`, which lets the compiler keep partial results in vector lanes
+        (a sum in another order than numpy's pairwise one: rounding differs, no more). A max
+        is `>` in the lanes plus a flag for NaN, since `>` alone would drop one."""
         x, s, axes, keep = self._reduced(op)
         self._decl(op)
-        o = self._ref(op)
+        o, t = self._ref(op), ctype(op.dtype)
+        nan = simd == "max" and native_dtype(op.dtype).kind == "f"
+        n = math.prod(s[d] for d in axes)
 
         def body(idx):
-            src = self._flat(s, idx)
-            out_idx = [idx[d] for d in keep]
-            dst = f"{o}[{self._flat([s[d] for d in keep], out_idx)}]"
-            return [cgen.Line(step.format(dst=dst, x=f"{x}[{src}]", f=self._f(op)) + ";")]
-        self.lines.append(self._loops(op.shape, lambda idx: [cgen.Assign(
-            f"{o}[{self._flat(op.shape, idx)}]", init)], "_e"))
-        self.lines.append(self._loops(s, body, "_r"))
-        if finish:
-            n = math.prod(s[d] for d in axes)
-            self.lines.append(self._loops(op.shape, lambda idx: [cgen.Line(
-                finish.format(dst=f"{o}[{self._flat(op.shape, idx)}]", n=n) + ";")], "_e"))
+            it = iter(idx)
+            v = f"{x}[{self._flat(s, [f'_r{d}' if d in axes else next(it) for d in range(len(s))])}]"
+            inner = [cgen.Line(f"const {t} _v = {v};"), cgen.Line("_acc = _v > _acc ? _v : _acc;")] \
+                + ([cgen.Line("_nan |= _v != _v;")] if nan else []) if simd == "max" else \
+                [cgen.Line(step.format(dst="_acc", x=v, f=self._f(op)) + ";")]
+            clause = f"omp simd reduction({simd}:_acc)" + (" reduction(|:_nan)" if nan else "")
+            node = cgen.Block([cgen.Pragma(clause),
+                               cgen.For(f"int _r{axes[-1]} = 0", f"_r{axes[-1]} < {s[axes[-1]]}", f"_r{axes[-1]}++",
+                                        cgen.Block(inner))])
+            for d in reversed(axes[:-1]):
+                node = cgen.For(f"int _r{d} = 0", f"_r{d} < {s[d]}", f"_r{d}++", node)
+            lines = [cgen.Line(f"{t} _acc = {init};")] + ([cgen.Line("int _nan = 0;")] if nan else []) + [node]
+            if finish:
+                lines.append(cgen.Line(finish.format(dst="_acc", n=n) + ";"))
+            out = f"{o}[{self._flat([s[d] for d in keep], idx)}]"
+            lines.append(cgen.Assign(out, "_nan ? NAN : _acc" if nan else "_acc"))
+            return lines
+        self.lines.append(self._loops([s[d] for d in keep], body, "_e"))
 
     def _op_sum(self, op):
         self._reduce(op, "0", "{dst} += {x}")
@@ -450,7 +471,7 @@ class StatementBody:
         self._reduce(op, "0", "{dst} += {x}", "{dst} /= {n}")
 
     def _op_max(self, op):
-        self._reduce(op, lowest(op.dtype), "{dst} = ft_maximum({x}, {dst})")
+        self._reduce(op, lowest(op.dtype), "{dst} = ft_maximum({x}, {dst})", simd="max")
 
     def _op_softmax(self, op):
         x, s, _ = self._operand(op.inputs[0])

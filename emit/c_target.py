@@ -68,6 +68,9 @@ static long ft_split(long n, long size)
 """ + MACROS + "\n" + VECMATH
 
 
+TILE_ROWS = 128  # rows of a tiled statement's products: its temporaries stay in a core's L2
+
+
 class CTarget(Target):
     """C with OpenMP; the entry point is `int polyft_run(void** bufs, const long* params)`,
     buffers in layout order (local ones are not read), parameters in the module's order
@@ -83,12 +86,12 @@ class CTarget(Target):
         """The buffers this target keeps in a per-thread scratch: name -> batch width."""
         ast = build_ast(schedule.map, model.context)
         return local_widths(model.etdg, storage, ast, schedule.parallel,
-                            tiled_loops(model.etdg, ast, schedule.parallel, TILE))
+                            tiled_loops(model.etdg, ast, schedule.parallel, TILE, TILE_ROWS))
 
     def generate(self, model, schedule, precision: str = "fp32", storage=None) -> Module:
         etdg = model.etdg
         ast = build_ast(schedule.map, model.context)
-        tiles = tiled_loops(etdg, ast, schedule.parallel, TILE)
+        tiles = tiled_loops(etdg, ast, schedule.parallel, TILE, TILE_ROWS)
         local = local_widths(etdg, storage, ast, schedule.parallel, tiles)
         layout, params, namer, consts, ctx, buffer_ref = prepare(model, storage, local, scratch=True)
         called = StatementCalls("c")  # which statement variants the AST calls

@@ -240,9 +240,9 @@ class CudaStatementBody(StatementBody):
         if not self._rows(op, x, s, [axis], [d for d in range(len(s)) if d != axis]):
             super()._op_softmax(op)
 
-    def _reduce(self, op, init, step, finish=None):
+    def _reduce(self, op, init, step, finish=None, simd=None):
         """Over trailing axes, the tile library's rows; other reductions: one thread per output
-        element, sequentially over the reduced axes."""
+        element, sequentially over the reduced axes (`simd` is the C target's)."""
         x, s, axes, keep = self._reduced(op)
         if self._rows(op, x, s, axes, keep):
             return

@@ -111,8 +111,9 @@ def upper_bound(node) -> tuple:
     return None, None
 
 
-def tileable_loops(node: isl.AstNode, parallel: list, size: int, benefit) -> dict:
-    """Loops to run a tile at a time: loop -> tile size. A candidate is a parallel loop (unit
+def tileable_loops(node: isl.AstNode, parallel: list, size, benefit) -> dict:
+    """Loops to run a tile at a time: loop -> tile size (`size`, or `size([(statement,
+    argument position)])` of the statements under the loop). A candidate is a parallel loop (unit
     stride, a plain upper bound) under which every statement gets the loop's iterator as a
     plain argument and no bound or guard uses it; on each path at most one is chosen, the
     one whose statements gain most (`benefit(statement, argument position)`, e.g. the work of
@@ -151,7 +152,8 @@ def tileable_loops(node: isl.AstNode, parallel: list, size: int, benefit) -> dic
             return chosen, gain
         mine = sum(benefit(name, args.index(it)) for name, args in here)
         if mine > gain or not chosen:
-            return {loop_key(n): size}, mine
+            width = size([(name, args.index(it)) for name, args in here]) if callable(size) else size
+            return {loop_key(n): width}, mine
         return chosen, gain
     return visit(node)[0]
 

@@ -8,7 +8,9 @@ For one point (workload, sizes) every system of the workload gets one tidy row:
   the workload's first torch baseline run on the CPU; `checked_against` names it;
 * each system is built (generated code compiled, data moved to its device), run once and its
   result checked against the reference (relative error in norm < CPU_TOL, GPU_TOL on a GPU:
-  TF32 and other kernels), then run `warmup` more times, then timed `repeats` times;
+  TF32 and other kernels); then the systems that passed are run `warmup` more times and
+  timed `repeats` times, in turns (time_calls: a change of the machine's load falls on all of
+  them alike, so their ratios hold on a noisy machine);
   `seconds` is the median, `seconds_min` / `seconds_max` the spread. A system that fails its
   check gets status "wrong: ..." and no time; `sweep` writes the CSV and then fails loudly;
 * systems that cannot run here are rows too, never dropped: status "absent: no GPU",
@@ -170,18 +172,33 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def time_calls(fn, repeats: int, warmup: int = WARMUP, device: str = "cpu") -> list:
-    """Seconds of `repeats` calls of fn after `warmup` calls (device synchronised around each)."""
-    for _ in range(warmup):
-        fn()
-    out = []
-    for _ in range(repeats):
-        _sync(device)
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        out.append(time.perf_counter() - t0)
-    return out
+ROUNDS = 3  # the timed calls of a point come in this many turns per system (time_calls)
+
+
+def _timed(fn, device) -> float:
+    _sync(device)
+    t0 = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - t0
+
+
+def time_calls(calls: list, repeats: int, warmup: int = WARMUP) -> list:
+    """Seconds of `repeats` calls of each (fn, device) in `calls`, after `warmup` calls of each.
+    The timed calls come in ROUNDS turns, each system in turn running one untimed call and then
+    its share of the repeats: a change of the machine's load while they are timed falls on all of
+    them alike, so their ratios hold; the untimed call takes what switching costs (the other
+    system's OpenMP workers still spinning, this one's waking up)."""
+    for fn, device in calls:
+        for _ in range(warmup):
+            _timed(fn, device)
+    times = [[] for _ in calls]
+    for r in range(ROUNDS):
+        share = repeats // ROUNDS + (r < repeats % ROUNDS)
+        for (fn, device), out in zip(calls, times):
+            _timed(fn, device)
+            out += [_timed(fn, device) for _ in range(share)]
+    return times
 
 
 def device_name(device: str) -> str:
@@ -229,7 +246,7 @@ def measure(workload: str, sizes: dict, preset: str = "quick", repeats: int | No
         name, fn, _ = TORCH[workload][0]
         reference, ref_name = fn(*inputs).result(), f"{name} (cpu)"
     load, threads = os.getloadavg()[0], set_threads()
-    rows = []
+    rows, timed = [], []  # timed: (row, built system, device) of those that passed their check
     for system in systems(workload):
         row = dict(common, system=system.name, device=device_name(system.device), status="ok",
                    seconds=float("nan"), seconds_min=float("nan"), seconds_max=float("nan"), repeats=0,
@@ -250,7 +267,8 @@ def measure(workload: str, sizes: dict, preset: str = "quick", repeats: int | No
             if not err < (GPU_TOL if system.device == "cuda" else CPU_TOL):
                 row["status"] = f"wrong: rel error {err:.2e} against {ref_name}"
                 continue
-        times = time_calls(b.run, repeats, warmup, system.device)
+        timed.append((row, b, system.device))
+    for (row, _, _), times in zip(timed, time_calls([(b.run, device) for _, b, device in timed], repeats, warmup)):
         row.update(seconds=statistics.median(times), seconds_min=min(times), seconds_max=max(times),
                    repeats=repeats, warmup=warmup + 1)
     return rows

@@ -94,3 +94,15 @@ def test_generated_gemm_uses_the_chosen_kernel(monkeypatch):
     prog = ft.compile(gates, xs, hs, w, u)
     assert "_c7_1" in prog.source and "_c8_0" not in prog.source  # 8 rows x 2 vectors of accumulators
     assert_same(prog(xs, hs, w, u), gates(xs, hs, w, u))
+
+
+@pytest.mark.parametrize("P, width", [(1, 16), (32, 4), (64, 2), (200, 1)])
+def test_tiles_bring_about_128_rows(P, width):
+    """A map's tile of instances sharing a right matrix holds at most 16 instances, fewer when
+    each brings many rows (TILE_ROWS = 128): the tile's temporaries stay in a core's caches."""
+    def rows(xs, w):
+        return xs.map(lambda x: ft.exp(x @ w))
+    prog = ft.compile(rows, ft.spec(f"[N]float32[{P}, 16]"), ft.spec("float32[16, 16]"))
+    assert f", {width});" in prog.source.split("ft_split(", 2)[-1]
+    xs, w = flist([37], [P, 16], 1), rand((16, 16), 2) / 4
+    assert_same(prog(xs, w), rows(xs, w))
