@@ -116,25 +116,22 @@ def depends_on(ops, d) -> set:
     return out
 
 
-def shared_matmul_work(ops, d) -> int:
-    """Multiply-adds of matmuls whose left rows change with d while the right matrix does
-    not: what tiling dim d turns into matrix-matrix products with a reused right operand."""
+def shared_matmuls(ops, d) -> list:
+    """The matmuls whose left rows change with dim d while the right matrix does not: what
+    tiling dim d turns into matrix-matrix products with a reused right operand."""
     dep = depends_on(ops, d)
-    work = 0
-    for op in ops:
-        if op.op == "matmul" and op in dep:
-            a, b = op.inputs
-            if isinstance(a, OpNode) and a in dep and not (isinstance(b, OpNode) and b in dep):
-                work += math.prod(a.shape) * np.shape(b[1] if isinstance(b, tuple) else np.empty(b.shape))[-1]
-    return work
+    return [op for op in ops if op.op == "matmul" and op in dep and isinstance(op.inputs[0], OpNode)
+            and op.inputs[0] in dep and not (isinstance(op.inputs[1], OpNode) and op.inputs[1] in dep)]
+
+
+def shared_matmul_work(ops, d) -> int:
+    """Multiply-adds of the shared matmuls of dim d (what a tile of it gains)."""
+    return sum(math.prod(op.inputs[0].shape) * op.shape[-1] for op in shared_matmuls(ops, d))
 
 
 def shared_matmul_rows(ops, d) -> int:
-    """The most rows one instance brings to a matmul whose right matrix a tile of dim d shares."""
-    dep = depends_on(ops, d)
-    return max([op.inputs[0].shape[0] for op in ops if op.op == "matmul" and op in dep
-                and isinstance(op.inputs[0], OpNode) and op.inputs[0] in dep and len(op.inputs[0].shape) == 2
-                and not (isinstance(op.inputs[1], OpNode) and op.inputs[1] in dep)], default=1)
+    """The most rows one instance brings to a shared matmul of dim d."""
+    return max([op.inputs[0].shape[0] for op in shared_matmuls(ops, d) if len(op.inputs[0].shape) == 2], default=1)
 
 
 class StatementBody:

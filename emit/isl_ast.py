@@ -67,7 +67,7 @@ def to_cgen(node: isl.AstNode, parallel: list, statement, parallel_for, inside_p
             body = [cgen.Line(f"const long {count} = min({step}, {left});"),
                     sub(node.for_get_body(), inside_parallel or par, (it, count))]
             loop = cgen.For(init, node.for_get_cond().to_C_str(), f"{it} += {step}", cgen.Block(body))
-            if step != size:
+            if par and split:
                 first = node.for_get_init().to_C_str()
                 width = f"{split}({hi.to_C_str()} - ({first}){' + 1' if inclusive else ''}, {size})"
                 return cgen.Block([cgen.Line(f"const long {step} = {width};"), parallel_for(loop)])
@@ -112,8 +112,8 @@ def upper_bound(node) -> tuple:
 
 
 def tileable_loops(node: isl.AstNode, parallel: list, size, benefit) -> dict:
-    """Loops to run a tile at a time: loop -> tile size (`size`, or `size([(statement,
-    argument position)])` of the statements under the loop). A candidate is a parallel loop (unit
+    """Loops to run a tile at a time: loop -> tile size (`size([(statement, argument
+    position)])` of the statements under the loop). A candidate is a parallel loop (unit
     stride, a plain upper bound) under which every statement gets the loop's iterator as a
     plain argument and no bound or guard uses it; on each path at most one is chosen, the
     one whose statements gain most (`benefit(statement, argument position)`, e.g. the work of
@@ -152,8 +152,7 @@ def tileable_loops(node: isl.AstNode, parallel: list, size, benefit) -> dict:
             return chosen, gain
         mine = sum(benefit(name, args.index(it)) for name, args in here)
         if mine > gain or not chosen:
-            width = size([(name, args.index(it)) for name, args in here]) if callable(size) else size
-            return {loop_key(n): width}, mine
+            return {loop_key(n): size([(name, args.index(it)) for name, args in here])}, mine
         return chosen, gain
     return visit(node)[0]
 

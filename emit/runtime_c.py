@@ -84,8 +84,8 @@ def native_features(cc=None) -> frozenset:
     except CompileError:
         return frozenset()
     r = subprocess.run([cc, "-march=native", "-dM", "-E", "-x", "c", os.devnull], capture_output=True, text=True)
-    return frozenset(m.group(1) for m in re.finditer(r"#define (__[A-Z0-9_]+__) 1$", r.stdout, re.M)
-                     if re.fullmatch(r"__(SSE|AVX|FMA|F16C|AMX|BMI|ARM_NEON|ARM_FEATURE)\w*", m.group(1)))
+    return frozenset(m.group(1) for m in re.finditer(r"#define (__\w+) 1$", r.stdout, re.M)
+                     if re.fullmatch(r"__(SSE|AVX|FMA|F16C|AMX|BMI)\w*__|__ARM_(NEON|FEATURE_\w+)", m.group(1)))
 
 
 def source_context(source: str, message: str, around: int = 3) -> str:
