@@ -8,7 +8,7 @@ import cgen
 import numpy as np
 
 from polyft.deps.isl_helpers import Namer
-from polyft.schedule.storage import BATCH
+from polyft.schedule.storage import BATCH, Batch
 
 from .c_statements import NAN_MACROS, ctype, shared_matmul_rows, shared_matmul_work
 from .isl_ast import call_loops, level, loop_key, tileable_loops
@@ -120,10 +120,11 @@ def tiled_loops(etdg, ast, parallel: list, size: int, rows: int | None = None) -
                           lambda name, pos: shared_matmul_work(by_name[name].ops, by_name[name].dims[pos]))
 
 
-def local_widths(etdg, storage, ast, parallel: list, tiles: dict) -> dict:
-    """The buffers to keep in a per-thread scratch (buffer name -> batch width): those the
+def local_batches(etdg, storage, ast, parallel: list, tiles: dict, in_order: bool) -> dict:
+    """The buffers to keep in a per-thread scratch (buffer name -> storage.Batch): those the
     storage places "local" whose every statement runs inside a parallel loop (a thread's
-    iterations); the width is TILE where a loop at the buffer's slot dim runs tiled, else 1."""
+    iterations); the width is TILE where a loop at the buffer's slot dim runs tiled, else 1;
+    `in_order` when one thread runs the parallel loops inside the slot loop in order."""
     if storage is None:
         return {}
     by_name = {st.name: st for st in etdg.statements}
@@ -138,7 +139,7 @@ def local_widths(etdg, storage, ast, parallel: list, tiles: dict) -> dict:
         if s.placement != "local" or not calls or not all(any(parallel[level(f)] for f in c) for c in calls):
             continue
         tiled = any(level(f) == s.slot_dim and loop_key(f) in tiles for c in calls for f in c)
-        out[name] = TILE if tiled else 1
+        out[name] = Batch(TILE if tiled else 1, in_order)
     return out
 
 

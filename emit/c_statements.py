@@ -129,6 +129,15 @@ def shared_matmul_work(ops, d) -> int:
     return sum(math.prod(op.inputs[0].shape) * op.shape[-1] for op in shared_matmuls(ops, d))
 
 
+def instance_flops(ops) -> int:
+    """About the arithmetic of one instance (the C target's cost model): two flops per
+    multiply-add of a matmul, one per element every other operation makes."""
+    def shape(a):
+        return a.shape if isinstance(a, OpNode) else np.shape(a[1])
+    return sum(2 * math.prod(op.shape) * shape(op.inputs[0])[-1] if op.op == "matmul" else math.prod(op.shape)
+               for op in ops)
+
+
 def shared_matmul_rows(ops, d) -> int:
     """The most rows one instance brings to a shared matmul of dim d."""
     return max([op.inputs[0].shape[0] for op in shared_matmuls(ops, d) if len(op.inputs[0].shape) == 2], default=1)

@@ -1,11 +1,15 @@
 """The C target: one translation unit per program — a context struct (parameters, buffer
 pointers, strides), one function per statement (its operation nodes as macro-kernels), and
-`polyft_run`, the schedule's ISL AST with OpenMP on the outermost parallel loop of each nest.
+`polyft_run`, the schedule's ISL AST inside one OpenMP parallel region: the threads walk the
+sequential loops (the wavefront's steps) together, share out the outermost parallel loop of
+each nest and leave what lies between to one of them (`_region`). A cost model (`ft_chunk`,
+`iteration_flops`) gives each thread of a loop enough arithmetic to pay for the loop's barrier,
+so a small step runs on fewer threads or one.
 
-Buffers the storage places "local" (c_family.local_widths) live in a scratch per thread, and
+Buffers the storage places "local" (c_family.local_batches) live in a scratch per thread, and
 so do a statement's tile temporaries when they are too large for a thread's stack: one block
-per OpenMP thread, kept from call to call, and each parallel region gives its threads their
-own copy of the context whose pointers into the scratch are the thread's.
+per OpenMP thread, kept from call to call, and each thread runs on its own copy of the
+context whose pointers into the scratch are the thread's.
 """
 from __future__ import annotations
 
@@ -13,12 +17,13 @@ import functools
 import os
 
 import cgen
+import islpy as isl
 import numpy as np
 
-from .c_family import (MACROS, TILE, StatementCalls, const_decl, local_widths, param_c, prepare, statement_functions,
+from .c_family import (MACROS, TILE, StatementCalls, const_decl, local_batches, param_c, prepare, statement_functions,
                        tiled_loops)
-from .c_statements import StatementBody, ctype, length_c, native_dtype
-from .isl_ast import build_ast, to_cgen
+from .c_statements import StatementBody, ctype, instance_flops, length_c, native_dtype
+from .isl_ast import below, build_ast, call_name, evaluate, has_parallel, to_cgen, upper_bound
 from .protocol import Module, Target
 from .runtime_c import native_features
 
@@ -33,6 +38,7 @@ PRELUDE = """#include <math.h>
 #include <omp.h>
 #else
 #define omp_get_thread_num() 0
+#define omp_get_num_threads() 1
 #define omp_get_max_threads() 1
 #endif
 
@@ -59,16 +65,30 @@ static void ft_give_scratch(char* p, long bytes)
 typedef float ft_vec __attribute__((vector_size(64)));  /* 16 floats: the GEMM micro-kernel's row */
 
 /* The step of a tiled parallel loop of n iterations: tiles of at most `size`, narrowed so that
-   every thread of the call gets one (fewer rows per GEMM beats idle threads) */
+   every thread of the region gets one (fewer rows per GEMM beats idle threads) */
 static long ft_split(long n, long size)
 {
-  const long t = omp_get_max_threads(), w = (n + t - 1) / t;
+  const long t = omp_get_num_threads(), w = (n + t - 1) / t;
   return w < 1 ? 1 : (w < size ? w : size);
+}
+
+/* The chunk of a parallel loop's n iterations (of `flops` each) that one thread takes: an
+   even share among as many threads as get FT_MIN_FLOPS each, at least one (schedule(static)
+   then hands thread k the k-th chunk). A barrier costs about a microsecond, about what a core
+   computes in FT_MIN_FLOPS: a step with less work for a thread runs on fewer threads. */
+#define FT_MIN_FLOPS 100000.0
+static long ft_chunk(long n, double flops)
+{
+  long t = omp_get_num_threads();
+  const double most = (double)n * flops / FT_MIN_FLOPS;
+  if (most < t) t = most < 1 ? 1 : (long)most;
+  return n > t ? (n + t - 1) / t : 1;
 }
 """ + MACROS + "\n" + VECMATH
 
 
 TILE_ROWS = 128  # rows of a tiled statement's products: its temporaries stay in a core's L2
+ASSUMED_TRIPS = 16  # the iterations the cost model assumes of a loop whose bounds it cannot evaluate
 
 
 class CTarget(Target):
@@ -82,20 +102,21 @@ class CTarget(Target):
         self.kernel = kernel  # the GEMM micro-kernel (rows, 16-float vectors); None: micro_kernel()
 
     @staticmethod
-    def local_widths(model, schedule, storage) -> dict:
-        """The buffers this target keeps in a per-thread scratch: name -> batch width."""
+    def local_batches(model, schedule, storage) -> dict:
+        """The buffers this target keeps in a per-thread scratch: name -> storage.Batch (a
+        thread runs the parallel loops inside a batch in order)."""
         ast = build_ast(schedule.map, model.context)
-        return local_widths(model.etdg, storage, ast, schedule.parallel,
-                            tiled_loops(model.etdg, ast, schedule.parallel, TILE, TILE_ROWS))
+        return local_batches(model.etdg, storage, ast, schedule.parallel,
+                             tiled_loops(model.etdg, ast, schedule.parallel, TILE, TILE_ROWS), True)
 
     def generate(self, model, schedule, precision: str = "fp32", storage=None) -> Module:
         etdg = model.etdg
         ast = build_ast(schedule.map, model.context)
         tiles = tiled_loops(etdg, ast, schedule.parallel, TILE, TILE_ROWS)
-        local = local_widths(etdg, storage, ast, schedule.parallel, tiles)
+        local = local_batches(etdg, storage, ast, schedule.parallel, tiles, True)
         layout, params, namer, consts, ctx, buffer_ref = prepare(model, storage, local, scratch=True)
         called = StatementCalls("c")  # which statement variants the AST calls
-        to_cgen(ast, schedule.parallel, called, lambda loop: loop, tiles=tiles)
+        to_cgen(ast, schedule.parallel, called, lambda loop, info: loop, tiles=tiles)
         spilled = [0]  # the most bytes of temporaries one statement call keeps in the scratch
 
         def spill(st, body):
@@ -112,7 +133,7 @@ class CTarget(Target):
             for r in reversed(range(b.depth)):
                 setup.append(cgen.Line(f"ctx.s{k}_{r} = {stride};"))
                 stride = f"{stride}*{_extent_c(dims[r], b.dims[r])}"
-            if layout.width(b):
+            if layout.batch(b):
                 region_bytes[b.name] = f"({stride}*{native_dtype(b.dtype).itemsize} + 63) / 64 * 64"
                 setup.append(cgen.Line(f"ctx.b{k} = NULL;  /* {b.name}: per thread */"))
             else:
@@ -139,8 +160,12 @@ class CTarget(Target):
                       cgen.Line("ctx.ft_tmp = ft_scratch + ft_tmp_off;  /* the first thread's, outside parallel loops */")]
         else:
             setup.append(cgen.Line("ctx.ft_tmp = NULL;"))
-        code = to_cgen(ast, schedule.parallel, StatementCalls("c"), lambda loop: _parallel(loop, offsets, scratch),
-                       tiles=tiles, split="ft_split")
+        flops = functools.partial(iteration_flops, {st.name: instance_flops(st.ops) for st in etdg.statements},
+                                  model.sizes)
+        code = to_cgen(ast, schedule.parallel, StatementCalls("c"), lambda loop, info: _omp_for(loop, info, flops),
+                       tiles=tiles, split="ft_split", serial=_single)
+        if has_parallel(ast, schedule.parallel):
+            code = _region(code, offsets, scratch)
         end = [cgen.Line("ft_give_scratch(ft_scratch, ft_per_thread * omp_get_max_threads());")] if scratch else []
         run = cgen.FunctionBody(
             cgen.FunctionDeclaration(cgen.Value("int", "polyft_run"),
@@ -169,14 +194,60 @@ def _extent_c(cells, n) -> str:
     return str(cells) if n.is_concrete else f"min({cells}, {length_c(n, param_c)})"
 
 
-def _parallel(loop, offsets: dict, scratch: bool) -> cgen.Generable:
-    """The outermost parallel loop of a nest under OpenMP; with a scratch (local buffers,
-    `offsets`: slot -> place in it; large temporaries) each thread runs its iterations on
-    its own context pointing at its own scratch."""
+def _region(code, offsets: dict, scratch: bool) -> cgen.Generable:
+    """The call's one parallel region: every thread runs the schedule's sequential loops
+    (the wavefront's steps) in step, shares out each parallel loop (`omp for`, a barrier
+    after it) and leaves the code between them to one thread (`omp single`, a barrier too);
+    workers stay in the region from step to step instead of being woken for each. With a
+    scratch (local buffers, `offsets`: slot -> place in it; large temporaries) each thread
+    runs on its own context pointing at its own part of the scratch."""
     if not scratch:
-        return cgen.Block([cgen.Pragma("omp parallel for"), loop])
+        return cgen.Block([cgen.Pragma("omp parallel"), _block(code)])
     own = [cgen.Line("ctx_t ft_own = ctx;"), cgen.Line("const ctx_t* c = &ft_own;"),
            cgen.Line("char* ft_mine = ft_scratch + omp_get_thread_num() * ft_per_thread;"),
            cgen.Line("ft_own.ft_tmp = ft_mine + ft_tmp_off;")]
     own += [cgen.Line(f"ft_own.b{k} = (void*)(ft_mine + {off});") for k, off in sorted(offsets.items())]
-    return cgen.Block([cgen.Pragma("omp parallel"), cgen.Block(own + [cgen.Pragma("omp for"), loop])])
+    return cgen.Block([cgen.Pragma("omp parallel"), cgen.Block(own + [code])])
+
+
+def _omp_for(loop, info, flops) -> cgen.Generable:
+    """A parallel loop shared out among the region's threads; with its iterations' count
+    known, in chunks that give each thread at least MIN_FLOPS (ft_chunk): a step too small
+    to split runs on fewer threads, down to one."""
+    if info.iterations is None:
+        return cgen.Block([cgen.Pragma("omp for"), loop])
+    per_step = f"{flops(info.node)}.0" + ("" if info.step == 1 else f" * {info.step}")
+    count = info.iterations if info.step == 1 else f"({info.iterations} + {info.step} - 1) / {info.step}"
+    return cgen.Block([cgen.Pragma(f"omp for schedule(static, ft_chunk({count}, {per_step}))"), loop])
+
+
+def _single(code) -> cgen.Generable:
+    return cgen.Block([cgen.Pragma("omp single"), _block(code)])
+
+
+def _block(node) -> cgen.Block:
+    return node if isinstance(node, cgen.Block) else cgen.Block([node])
+
+
+
+def iteration_flops(instance: dict, sizes: dict, loop) -> int:
+    """About the flops of one iteration of `loop` (an ISL for-node): the statements called in
+    its body (`instance`: name -> flops of one instance), times the trip counts of the loops
+    between, evaluated at the lengths in `sizes` (ASSUMED_TRIPS where they do not tell)."""
+    def trips(node) -> int:
+        hi, inclusive = upper_bound(node)
+        last, first = (evaluate(hi, sizes), evaluate(node.for_get_init(), sizes)) if hi is not None else (None, None)
+        if last is None or first is None:
+            return ASSUMED_TRIPS
+        return max(0, last - first + (1 if inclusive else 0))
+
+    def work(node) -> int:
+        t = node.get_type()
+        if t == isl.ast_node_type.user:
+            return instance[call_name(node)]
+        if t == isl.ast_node_type.for_:
+            return trips(node) * work(node.for_get_body())
+        if t == isl.ast_node_type.if_:
+            return max(work(k) for k in below(node))
+        return sum(work(k) for k in below(node))
+    return max(1, work(loop.for_get_body()))

@@ -12,36 +12,7 @@ import islpy as isl
 from polyft.errors import CompileError
 
 from .c_family import StatementCalls
-from .isl_ast import call_loops, children, loop_key, names, to_cgen, upper_bound
-
-_PY_OPS = {isl.ast_expr_op_type.add: "+", isl.ast_expr_op_type.sub: "-", isl.ast_expr_op_type.mul: "*",
-           isl.ast_expr_op_type.div: "//", isl.ast_expr_op_type.fdiv_q: "//",
-           isl.ast_expr_op_type.pdiv_q: "//", isl.ast_expr_op_type.pdiv_r: "%",
-           isl.ast_expr_op_type.zdiv_r: "%", isl.ast_expr_op_type.le: "<=", isl.ast_expr_op_type.lt: "<",
-           isl.ast_expr_op_type.ge: ">=", isl.ast_expr_op_type.gt: ">", isl.ast_expr_op_type.eq: "==",
-           isl.ast_expr_op_type.and_: "and", isl.ast_expr_op_type.and_then: "and",
-           isl.ast_expr_op_type.or_: "or", isl.ast_expr_op_type.or_else: "or"}
-
-
-def py_expr(e: isl.AstExpr) -> str:
-    """An ISL AST expression as Python."""
-    t = e.get_type()
-    if t == isl.ast_expr_type.id:
-        return e.get_id().get_name()
-    if t == isl.ast_expr_type.int:
-        return str(e.get_val().to_python())
-    op = e.get_op_type()
-    args = [py_expr(e.get_op_arg(k)) for k in range(e.get_op_n_arg())]
-    if op in _PY_OPS:
-        return "(" + f" {_PY_OPS[op]} ".join(args) + ")"
-    if op == isl.ast_expr_op_type.minus:
-        return f"(-{args[0]})"
-    if op in (isl.ast_expr_op_type.min, isl.ast_expr_op_type.max):
-        return f"{'min' if op == isl.ast_expr_op_type.min else 'max'}({', '.join(args)})"
-    if op in (isl.ast_expr_op_type.select, isl.ast_expr_op_type.cond):
-        return f"({args[1]} if {args[0]} else {args[2]})"
-    raise NotImplementedError(f"ISL AST operation {op} in a host loop")
-
+from .isl_ast import call_loops, children, loop_key, names, py_expr, to_cgen, upper_bound
 
 class HostDriver:
     """Splits the AST: host code (Python lines) outside parallel loops, kernels inside.
@@ -121,7 +92,7 @@ class HostDriver:
                 tile = (it, f"{it}_n")
             else:
                 lines.append(cgen.Line(f"const long {it} = lo{d} + blockIdx.{xy};"))
-        code = to_cgen(body, [False] * len(self.parallel), self.statement, lambda loop: loop,
+        code = to_cgen(body, [False] * len(self.parallel), self.statement, lambda loop, info: loop,
                        tiles=self.tiles, tile=tile)
         args = [cgen.Value("const ctx_t* __restrict__", "c")]
         self.grids.append([int(it[1:]) for it in its])

@@ -37,7 +37,7 @@ from polyft.affine import Length
 from polyft.errors import CompileError
 
 from . import cuda_arena
-from .c_family import MACROS, TILE, const_decl, local_widths, prepare, statement_functions, tiled_loops
+from .c_family import MACROS, TILE, const_decl, local_batches, prepare, statement_functions, tiled_loops
 from .c_statements import ctype, native_dtype
 from .cuda_host import HostDriver
 from .cuda_statements import PRECISIONS, CudaStatementBody
@@ -153,14 +153,14 @@ class CudaTarget(Target):
 
 
 def local_candidates(etdg, storage, ast, parallel: list, tiles: dict, driver: HostDriver) -> tuple:
-    """(buffer name -> its kernel, buffer name -> batch width) of the local buffers a block
-    may keep in shared memory: c_family.local_widths' (placed "local", every access inside
+    """(buffer name -> its kernel, buffer name -> storage.Batch) of the local buffers a block
+    may keep in shared memory: c_family.local_batches' (placed "local", every access inside
     a parallel loop; TILE where the slot loop is tiled, i.e. the moduli for BATCH, which
-    cover a block's `tb` <= BATCH iterations) whose every statement is called in one kernel
+    cover a block's `tb` <= BATCH iterations; parallel loops inside may be other blocks') whose every statement is called in one kernel
     whose 1-D grid is the buffer's slot loop (so a block owns the elements it touches)."""
     if storage is None:
         return {}, {}
-    widths = local_widths(etdg, storage, ast, parallel, tiles)
+    widths = local_batches(etdg, storage, ast, parallel, tiles, False)
     by_name = {st.name: st for st in etdg.statements}
     kernels: dict = {}  # buffer name -> the kernels calling a statement that touches it
     for k, called in enumerate(driver.called):
@@ -176,16 +176,16 @@ def local_candidates(etdg, storage, ast, parallel: list, tiles: dict, driver: Ho
     return kernel_of, local
 
 
-def local_bytes(s, width: int, sizes: dict) -> int | None:
-    """The bytes of a block's cells of a local buffer (storage.BufferStorage `s`) for batches
-    of `width`, at most what Layout.cells_shape gives for any lengths the model allows (a
+def local_bytes(s, batch, sizes: dict) -> int | None:
+    """The bytes of a block's cells of a local buffer (storage.BufferStorage `s`) for a
+    storage.Batch, at most what Layout.cells_shape gives for any lengths the model allows (a
     modulus over an unknown length counts whole); None where a kept extent is unknown."""
     def known(n):
         n = Length.of(n)
         return n.evaluate(sizes) if n.params <= set(sizes) else None
     buf = s.buffer
     count = math.prod(buf.element_shape) * native_dtype(buf.dtype).itemsize
-    for cells, n in zip(s.cell_dims(width), buf.dims):
+    for cells, n in zip(s.cell_dims(batch), buf.dims):
         extent = known(n)
         if not isinstance(cells, int):
             if extent is None:

@@ -8,6 +8,7 @@ a nest is handed to the target (`parallel_for`) to mark; statements become calls
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import cgen
 import islpy as isl
@@ -40,16 +41,21 @@ def below(node) -> list:
 
 
 def to_cgen(node: isl.AstNode, parallel: list, statement, parallel_for, inside_parallel=False,
-            tiles=(), tile=None, split=None):
+            tiles=(), tile=None, split=None, serial=None):
     """cgen for `node`. `statement(name, [C arg exprs], tile)` gives a statement's code;
-    `parallel_for(loop)` wraps a parallel loop (e.g. with an OpenMP pragma). Loops whose
-    text is in `tiles` (loop -> tile size, from `tileable_loops`) advance a
+    `parallel_for(loop, ParallelLoop)` wraps a parallel loop (e.g. with an OpenMP pragma).
+    Loops whose text is in `tiles` (loop -> tile size, from `tileable_loops`) advance a
     tile at a time; statements inside get `tile = (argument position, C count)`. With
     `split` (a C function name), a tiled loop that is itself the parallel one advances by
     `split(iterations, tile size)` instead, computed when the loop starts: the target narrows
-    tiles so that every thread gets one (16 iterations in tiles of 16 are one thread's work)."""
+    tiles so that every thread gets one (16 iterations in tiles of 16 are one thread's work).
+    With `serial`, the code of each largest subtree outside parallel loops that has none
+    inside goes through `serial(code)` (one thread of a parallel region runs it)."""
+    if serial is not None and not inside_parallel and not has_parallel(node, parallel):
+        return serial(to_cgen(node, parallel, statement, parallel_for, inside_parallel, tiles, tile, split))
+
     def sub(n, inside=inside_parallel, tl=tile):
-        return to_cgen(n, parallel, statement, parallel_for, inside, tiles, tl, split)
+        return to_cgen(n, parallel, statement, parallel_for, inside, tiles, tl, split, serial)
     t = node.get_type()
     if t == isl.ast_node_type.block:
         return cgen.Block([sub(c) for c in children(node)])
@@ -57,10 +63,12 @@ def to_cgen(node: isl.AstNode, parallel: list, statement, parallel_for, inside_p
         it = node.for_get_iterator().get_id().get_name()
         level = int(it[1:])
         par = parallel[level] and not inside_parallel
-        init = f"long {it} = {node.for_get_init().to_C_str()}"
+        first = node.for_get_init().to_C_str()
+        init = f"long {it} = {first}"
+        hi, inclusive = upper_bound(node)
+        n = f"{hi.to_C_str()} - ({first}){' + 1' if inclusive else ''}" if hi is not None else None
         if tiles and loop_key(node) in tiles:
             size = tiles[loop_key(node)]
-            hi, inclusive = upper_bound(node)
             left = f"{hi.to_C_str()} - {it}{' + 1' if inclusive else ''}"  # iterations from it on
             count = f"{it}_n"
             step = f"{it}_w" if par and split else size
@@ -68,14 +76,17 @@ def to_cgen(node: isl.AstNode, parallel: list, statement, parallel_for, inside_p
                     sub(node.for_get_body(), inside_parallel or par, (it, count))]
             loop = cgen.For(init, node.for_get_cond().to_C_str(), f"{it} += {step}", cgen.Block(body))
             if par and split:
-                first = node.for_get_init().to_C_str()
-                width = f"{split}({hi.to_C_str()} - ({first}){' + 1' if inclusive else ''}, {size})"
-                return cgen.Block([cgen.Line(f"const long {step} = {width};"), parallel_for(loop)])
+                width = f"{split}({n}, {size})"
+                return cgen.Block([cgen.Line(f"const long {step} = {width};"),
+                                   parallel_for(loop, ParallelLoop(node, n, step))])
         else:
+            step = 1
             body = sub(node.for_get_body(), inside_parallel or par)
             loop = cgen.For(init, node.for_get_cond().to_C_str(), f"{it} += {node.for_get_inc().to_C_str()}",
                             _block(body))
-        return parallel_for(loop) if par else loop
+            if node.for_get_inc().to_C_str() != "1":
+                n = None
+        return parallel_for(loop, ParallelLoop(node, n, step)) if par else loop
     if t == isl.ast_node_type.if_:
         then = _block(sub(node.if_get_then_node()))
         other = _block(sub(node.if_get_else_node())) if node.if_has_else_node() else None
@@ -86,6 +97,77 @@ def to_cgen(node: isl.AstNode, parallel: list, statement, parallel_for, inside_p
     if t == isl.ast_node_type.mark:
         return sub(node.mark_get_node())
     raise NotImplementedError(f"ISL AST node {t}")
+
+
+@dataclass(frozen=True)
+class ParallelLoop:
+    """What a target may want to know of a parallel loop it marks: the ISL node, the C
+    expression of its iterations' count (None when the bounds do not say), and how many of
+    them one step of the C loop runs (an int, or a C name: a tiled loop's tile width)."""
+    node: isl.AstNode
+    iterations: str | None
+    step: object
+
+
+def has_parallel(node, parallel: list) -> bool:
+    """Whether a loop over a parallel time dim is at or below `node`."""
+    if node.get_type() == isl.ast_node_type.for_ and parallel[level(node)]:
+        return True
+    return any(has_parallel(k, parallel) for k in below(node))
+
+
+_PY_OPS = {isl.ast_expr_op_type.add: "+", isl.ast_expr_op_type.sub: "-", isl.ast_expr_op_type.mul: "*",
+           isl.ast_expr_op_type.div: "//", isl.ast_expr_op_type.fdiv_q: "//",
+           isl.ast_expr_op_type.pdiv_q: "//", isl.ast_expr_op_type.pdiv_r: "%",
+           isl.ast_expr_op_type.zdiv_r: "%", isl.ast_expr_op_type.le: "<=", isl.ast_expr_op_type.lt: "<",
+           isl.ast_expr_op_type.ge: ">=", isl.ast_expr_op_type.gt: ">", isl.ast_expr_op_type.eq: "==",
+           isl.ast_expr_op_type.and_: "and", isl.ast_expr_op_type.and_then: "and",
+           isl.ast_expr_op_type.or_: "or", isl.ast_expr_op_type.or_else: "or"}
+
+
+def py_expr(e: isl.AstExpr) -> str:
+    """An ISL AST expression as Python."""
+    t = e.get_type()
+    if t == isl.ast_expr_type.id:
+        return e.get_id().get_name()
+    if t == isl.ast_expr_type.int:
+        return str(e.get_val().to_python())
+    op = e.get_op_type()
+    args = [py_expr(e.get_op_arg(k)) for k in range(e.get_op_n_arg())]
+    if op in _PY_OPS:
+        return "(" + f" {_PY_OPS[op]} ".join(args) + ")"
+    if op == isl.ast_expr_op_type.minus:
+        return f"(-{args[0]})"
+    if op in (isl.ast_expr_op_type.min, isl.ast_expr_op_type.max):
+        return f"{'min' if op == isl.ast_expr_op_type.min else 'max'}({', '.join(args)})"
+    if op in (isl.ast_expr_op_type.select, isl.ast_expr_op_type.cond):
+        return f"({args[1]} if {args[0]} else {args[2]})"
+    raise NotImplementedError(f"ISL AST operation {op} in a host loop")
+
+
+_INT_OPS = {isl.ast_expr_op_type.add: lambda a, b: a + b, isl.ast_expr_op_type.sub: lambda a, b: a - b,
+            isl.ast_expr_op_type.mul: lambda a, b: a * b, isl.ast_expr_op_type.div: lambda a, b: a // b,
+            isl.ast_expr_op_type.fdiv_q: lambda a, b: a // b, isl.ast_expr_op_type.pdiv_q: lambda a, b: a // b,
+            isl.ast_expr_op_type.pdiv_r: lambda a, b: a % b, isl.ast_expr_op_type.minus: lambda a: -a,
+            isl.ast_expr_op_type.min: min, isl.ast_expr_op_type.max: max}
+
+
+def evaluate(e: isl.AstExpr, values: dict) -> int | None:
+    """An integer ISL AST expression at `values` (name -> int); None where it names others
+    (a loop iterator, a length not given) or uses an operation it does not know."""
+    t = e.get_type()
+    if t == isl.ast_expr_type.int:
+        return int(e.get_val().to_python())
+    if t == isl.ast_expr_type.id:
+        return values.get(e.get_id().get_name())
+    fn = _INT_OPS.get(e.get_op_type())
+    args = [evaluate(e.get_op_arg(k), values) for k in range(e.get_op_n_arg())]
+    return None if fn is None or None in args else fn(*args)
+
+
+def call_name(node) -> str:
+    """The statement a user node calls."""
+    return _call(node)[0]
 
 
 def _call(node):

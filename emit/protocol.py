@@ -16,7 +16,7 @@ class Layout:
     """The buffers a program touches, in the order its entry point takes them, and how each is
     stored: with a storage mapping (schedule.storage.Storage) a contracted buffer keeps only
     its cells; without one every buffer holds one element per instance. `local` (buffer name
-    -> batch width) names the buffers the target keeps in a per-thread scratch it allocates
+    -> storage.Batch) names the buffers the target keeps in a per-thread scratch it allocates
     itself (their cells are those of one thread's batch); the caller allocates the others."""
 
     def __init__(self, etdg, storage=None, local=None):
@@ -28,20 +28,20 @@ class Layout:
     def slot(self, buf) -> int:
         return self.index[id(buf.resolve())]
 
-    def width(self, buf) -> int | None:
-        """The batch width of a local buffer's scratch; None for a buffer in global memory."""
+    def batch(self, buf):
+        """The storage.Batch of a local buffer's scratch; None for a buffer in global memory."""
         return self.local.get(buf.resolve().name)
 
     def dims(self, buf) -> list:
         """The stored list dims: Lengths, or ints (a modulus; 1 for a dropped dim)."""
-        return self.storage.of(buf).cell_dims(self.width(buf)) if self.storage else list(buf.resolve().dims)
+        return self.storage.of(buf).cell_dims(self.batch(buf)) if self.storage else list(buf.resolve().dims)
 
     def cell(self, buf, idx: list) -> list:
         """An element's index (C expressions per list dim) as its cell's: None for a dropped dim."""
         if not self.storage:
             return list(idx)
-        s, width = self.storage.of(buf), self.width(buf)
-        return [s.cell_index(r, e, width) for r, e in enumerate(idx)]
+        s, batch = self.storage.of(buf), self.batch(buf)
+        return [s.cell_index(r, e, batch) for r, e in enumerate(idx)]
 
     def cells_shape(self, buf, params: dict) -> tuple:
         """The shape of the buffer's cells (one thread's scratch for a local buffer), for the
@@ -50,7 +50,7 @@ class Layout:
 
     def shape(self, buf, params: dict) -> tuple:
         """The array shape the caller allocates: the cells, nothing for a local buffer."""
-        return (0,) if self.width(buf) else self.cells_shape(buf, params)
+        return (0,) if self.batch(buf) else self.cells_shape(buf, params)
 
 
 @dataclass(frozen=True)

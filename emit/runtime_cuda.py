@@ -42,7 +42,7 @@ def pack_ctx(layout, params, values: dict, pointers: list, shapes: list) -> np.n
     for p in params:
         ctx[p] = values[p]
     for k, (b, ptr, shape) in enumerate(zip(layout.buffers, pointers, shapes)):
-        if layout.width(b):
+        if layout.batch(b):
             ptr, shape = 0, layout.cells_shape(b, values)
         ctx[f"b{k}"] = ptr
         stride = int(np.prod(shape[b.depth:])) if len(shape) > b.depth else 1
@@ -184,7 +184,7 @@ class CudaRuntime(Runtime):
         layout, params = self.module.layout, self.module.params
         handles, pointers = [], []
         for b, a in zip(layout.buffers, arrays):
-            h, p = (None, 0) if layout.width(b) else self.backend.upload(a)  # local: in the blocks' shared memory
+            h, p = (None, 0) if layout.batch(b) else self.backend.upload(a)  # local: in the blocks' shared memory
             handles.append(h)
             pointers.append(p)
         ctx = pack_ctx(layout, params, values, pointers, [a.shape for a in arrays])

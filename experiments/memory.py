@@ -107,10 +107,10 @@ def measure(name: str, shape: str) -> dict:
         stored = inter["allocated_bytes"] + inter["local_bytes"]
         top = inter.loc[stored.idxmax()]
         s = next(s for s in prog.storage.buffers.values() if s.buffer.name == top["buffer"])
-        width = prog.local_width(s.buffer)
-        where = f"local, per thread, {width} iteration(s)" if width else "global"
+        batch = prog.local_batch(s.buffer)
+        where = f"local, per thread, {batch.width} iteration(s)" if batch else "global"
         row.update(largest_intermediate=top["buffer"], largest_intermediate_allocated_bytes=int(stored.max()),
-                   largest_intermediate_cells=f"{_dims(s.cell_dims(width))} of {_dims(s.buffer.dims)} ({where})")
+                   largest_intermediate_cells=f"{_dims(s.cell_dims(batch))} of {_dims(s.buffer.dims)} ({where})")
     return row
 
 

@@ -56,10 +56,10 @@ class Program:
         in its own scratch), placement, region (local buffers with one region number are never
         live at once and share a place in the scratch, which holds the largest of them; -1 for
         others) and the ISL mapping element -> cell. A local buffer is counted as the C target
-        keeps it: per thread, for batches of `local_width(buffer)` iterations. `sizes` gives
+        keeps it: per thread, for its `local_batch(buffer)`. `sizes` gives
         the lengths the program was not built with (none for programs from concrete inputs)."""
         env = _lengths(self.model, sizes)
-        width_of = {name: self.local_width(s.buffer) for name, s in self.storage.buffers.items()}
+        width_of = {name: self.local_batch(s.buffer) for name, s in self.storage.buffers.items()}
         widths = {name: w for name, w in width_of.items() if w}
         region = {name: j for j, group in enumerate(self.storage.regions(widths)) for name in group}
         rows = []
@@ -77,11 +77,11 @@ class Program:
                              else "identity"))
         return pd.DataFrame(rows)
 
-    def local_width(self, buf) -> int | None:
-        """How many iterations of its slot loop a thread's scratch for `buf` holds in the C
-        target's code (None: the buffer is in memory shared by all threads)."""
+    def local_batch(self, buf):
+        """The storage.Batch a thread's scratch for `buf` holds in the C target's code (how
+        many iterations of its slot loop; None: the buffer is in memory shared by all threads)."""
         if self._local is None:
-            self._local = CTarget.local_widths(self.model, self.schedule, self.storage)
+            self._local = CTarget.local_batches(self.model, self.schedule, self.storage)
         return self._local.get(buf.resolve().name)
 
     def __repr__(self):
@@ -110,10 +110,10 @@ class CompiledProgram(Program):
         self.source, self.layout = self.module.source, self.module.layout
         self._run = runtime(self.module)
 
-    def local_width(self, buf) -> int | None:
-        """The batch width of `buf`'s per-thread scratch in the generated code (None: the
+    def local_batch(self, buf):
+        """The storage.Batch of `buf`'s per-thread scratch in the generated code (None: the
         buffer is in the arrays the caller allocates)."""
-        return self.layout.width(buf)
+        return self.layout.batch(buf)
 
     @property
     def threads(self):

@@ -22,10 +22,14 @@ most of those elements are dead most of the time. Over ISL, per intermediate buf
   thread (C) or block (CUDA) runs one iteration of that loop, or a batch of at most BATCH
   consecutive ones when the target tiles it, the whole batch before the next, so it only
   needs the cells of the elements live within one batch. Those get their own
-  successive-modulo contraction per batch width (`local[width]`: moduli and mapping for the
-  conflicts between elements whose slot times differ by less than the width, checked like
-  the global one), a scratch per thread. Other buffers are "global": one array shared by
-  all threads. A target may still keep a local buffer global (`moduli` are valid either way).
+  successive-modulo contraction per `Batch` (`local[batch]`: moduli and mapping for the
+  conflicts between elements whose slot times differ by less than the batch's width, checked
+  like the global one), a scratch per thread. How the batch runs the parallel loops inside
+  the slot loop matters too: a C thread runs them in order, at most BATCH iterations at once
+  (`in_order`), so the gates of one tile of rows can take the cells of the tile before;
+  a CUDA block may hand them to other blocks (a 2-D grid), so they count as at once there.
+  Other buffers are "global": one array shared by all threads. A target may still keep a
+  local buffer global (`moduli` are valid either way).
 * **sharing.** Local buffers whose elements are never live at once within a batch (a layer's
   outputs, dead once the next layer has read them, and the layer after next's) may start at
   one address of the scratch: `Storage.regions` groups them, each pair checked with ISL.
@@ -45,12 +49,24 @@ from .schedule import Schedule
 BATCH = 16  # consecutive iterations of a parallel loop that one thread (C) or block (CUDA) runs at once
 
 
+@dataclass(frozen=True)
+class Batch:
+    """How one thread or block runs the iterations of a local buffer's slot loop: `width`
+    consecutive ones at once (1 or BATCH); with `in_order`, the parallel loops inside it in
+    order, at most BATCH iterations at once (the C target), else as if all at once (CUDA)."""
+    width: int
+    in_order: bool = False
+
+
+BATCHES = tuple(Batch(w, o) for w in (1, BATCH) for o in (False, True))
+
+
 @dataclass
 class BufferStorage:
     """How one buffer is stored: `moduli[r]` per list dim r (None: the full extent, k: the
     index mod k, 1: dropped) and the ISL mapping element -> cell of one global array; for a
-    "local" buffer also those of one thread's scratch, `local[width]` = (moduli, mapping)
-    for batches of 1 and of BATCH consecutive iterations of time dim `slot_dim`."""
+    "local" buffer also those of one thread's scratch, `local[batch]` = (moduli, mapping)
+    for each of BATCHES: 1 or BATCH consecutive iterations of time dim `slot_dim`."""
 
     buffer: object  # etdg.Buffer
     moduli: tuple
@@ -59,28 +75,28 @@ class BufferStorage:
     live: isl.Map | None = None  # element -> time of each access (write and reads)
     written: isl.Map | None = None  # element -> time of its write
     slot_dim: int | None = None  # local: the parallel time dim whose iteration owns each element
-    local: dict | None = None  # local: batch width (1, BATCH) -> (moduli, isl.Map)
+    local: dict | None = None  # local: Batch -> (moduli, isl.Map)
 
     @property
     def contracted(self) -> bool:
         return any(m is not None for m in self.moduli)
 
-    def _moduli(self, width: int | None) -> tuple:
-        if width is None:
+    def _moduli(self, batch: Batch | None) -> tuple:
+        if batch is None:
             return self.moduli
-        if self.local is None or width not in self.local:
-            raise PolyftError(f"buffer {self.buffer.name} is {self.placement}: no local storage for batches of "
-                              f"{width}", op="storage")
-        return self.local[width][0]
+        if self.local is None or batch not in self.local:
+            raise PolyftError(f"buffer {self.buffer.name} is {self.placement}: no local storage for {batch}",
+                              op="storage")
+        return self.local[batch][0]
 
-    def cell_dims(self, width: int | None = None) -> list:
-        """The stored list dims of the global array (width None) or of one thread's scratch
-        for batches of `width` iterations: a Length (the full extent) or an int (a modulus)."""
-        return [n if m is None else m for n, m in zip(self.buffer.dims, self._moduli(width))]
+    def cell_dims(self, batch: Batch | None = None) -> list:
+        """The stored list dims of the global array (batch None) or of one thread's scratch
+        for a Batch: a Length (the full extent) or an int (a modulus)."""
+        return [n if m is None else m for n, m in zip(self.buffer.dims, self._moduli(batch))]
 
-    def cell_index(self, r: int, expr: str, width: int | None = None) -> str | None:
+    def cell_index(self, r: int, expr: str, batch: Batch | None = None) -> str | None:
         """The C index of list dim r for the element index `expr`; None for a dropped dim."""
-        m = self._moduli(width)[r]
+        m = self._moduli(batch)[r]
         return expr if m is None else None if m == 1 else f"(({expr}) % {m})"
 
 
@@ -93,34 +109,34 @@ class Storage:
     schedule: Schedule | None = None
     context: isl.Set | None = None
     _apart: dict = field(default_factory=dict)  # (name, name, width) -> never live at once
-    _batch_order: dict = field(default_factory=dict)  # slot dim -> batch_before of the schedule
+    _batch_order: dict = field(default_factory=dict)  # (slot dim, in order) -> batch_before of the schedule
 
-    def regions(self, widths: dict) -> list:
-        """Local buffers (name -> batch width) in groups that can start at one address of a
+    def regions(self, batches: dict) -> list:
+        """Local buffers (name -> Batch) in groups that can start at one address of a
         thread's scratch: within a batch, no element of one is live while an element of
-        another in its group is (same slot dim and width; checked pairwise with ISL)."""
+        another in its group is (same slot dim and batch; checked pairwise with ISL)."""
         groups = []
-        for name, width in widths.items():
-            group = next((g for g in groups if all(self.apart(name, other, width) for other in g)), None)
+        for name, batch in batches.items():
+            group = next((g for g in groups if all(self.apart(name, other, batch) for other in g)), None)
             if group is None:
                 groups.append([name])
             else:
                 group.append(name)
         return groups
 
-    def apart(self, a: str, b: str, width: int) -> bool:
-        """Buffers a and b (local, batches of `width`) never have elements live at once."""
-        key = (a, b, width)
+    def apart(self, a: str, b: str, batch: Batch) -> bool:
+        """Buffers a and b (local, run as `batch`) never have elements live at once."""
+        key = (a, b, batch)
         if key not in self._apart:
             sa, sb = self.buffers[a], self.buffers[b]
             if sa.slot_dim is None or sa.slot_dim != sb.slot_dim:
                 self._apart[key] = False
             else:
-                k = sa.slot_dim
-                if k not in self._batch_order:
-                    self._batch_order[k] = batch_before(self.schedule, k)
-                both = overlapping(sa.live, sa.written, sb.live, sb.written, self._batch_order[k])
-                near = same_batch(sa.live, self.schedule, k, width, sb.live)
+                order = (sa.slot_dim, batch.in_order)
+                if order not in self._batch_order:
+                    self._batch_order[order] = batch_before(self.schedule, *order)
+                both = overlapping(sa.live, sa.written, sb.live, sb.written, self._batch_order[order])
+                near = same_batch(sa.live, self.schedule, sa.slot_dim, batch.width, sb.live)
                 self._apart[key] = both.intersect(near).intersect_params(self.context).is_empty()
         return self._apart[key]
 
@@ -136,9 +152,10 @@ class Storage:
             lines.append(f"{s.buffer.name}: {s.placement}, cells {_dims_text(s.cell_dims())} "
                          f"of {_dims_text(s.buffer.dims)}")
             lines.append(f"  mapping  {g(s.mapping)}")
-            for width, (_, m) in (s.local or {}).items():
-                lines.append(f"  local    cells {_dims_text(s.cell_dims(width))} per thread running {width} "
-                             f"iteration(s) of time dim {s.slot_dim} at once: {g(m)}")
+            for batch, (_, m) in (s.local or {}).items():
+                inner = "the parallel loops inside in order" if batch.in_order else "the loops inside at once"
+                lines.append(f"  local    cells {_dims_text(s.cell_dims(batch))} per thread running {batch.width} "
+                             f"iteration(s) of time dim {s.slot_dim} at once, {inner}: {g(m)}")
             if s.live is not None:
                 lines.append(f"  accessed {g(s.live)}")
         return "\n".join(lines) or "no intermediate buffers"
@@ -182,19 +199,27 @@ def happens_before(schedule: Schedule) -> isl.Map:
     return before.coalesce()
 
 
-def batch_before(schedule: Schedule, k: int) -> isl.Map:
+def batch_before(schedule: Schedule, k: int, in_order: bool = False) -> isl.Map:
     """t -> t' in one batch of iterations of the parallel time dim k (a thread or block runs
     the batch statement by statement, all its iterations at once: as if dim k were innermost),
     where t runs strictly before t': equal up to a sequential dim after k where t is smaller;
-    dim k itself is ignored (iterations in one call run at once)."""
+    dim k itself is ignored (iterations in one call run at once). With `in_order` (Batch),
+    also equal up to a parallel dim after k where t is at least BATCH smaller."""
     space = _time_space(schedule)
     before = isl.Map.empty(isl.Space.map_from_domain_and_range(space, space))
     for j in range(k + 1, len(schedule.parallel)):
-        if not schedule.parallel[j]:
-            same = isl.Map.universe(before.get_space())
-            for i in range(j):
-                if i != k:
-                    same = same.equate(isl.dim_type.in_, i, isl.dim_type.out, i)
+        if schedule.parallel[j] and not in_order:
+            continue
+        same = isl.Map.universe(before.get_space())
+        for i in range(j):
+            if i != k:
+                same = same.equate(isl.dim_type.in_, i, isl.dim_type.out, i)
+        if schedule.parallel[j]:
+            n = space.dim(isl.dim_type.set)
+            far = isl.Map(f"{{ [{', '.join(f'i{d}' for d in range(n))}] -> [{', '.join(f'o{d}' for d in range(n))}] "
+                          f": o{j} - i{j} >= {BATCH} }}").align_params(space)
+            before = before.union(same.intersect(far))
+        else:
             before = before.union(same.order_lt(isl.dim_type.in_, j, isl.dim_type.out, j))
     return before.coalesce()
 
@@ -296,6 +321,7 @@ def storage_mapping(model: PolyModel, schedule: Schedule, contract: bool = True)
     """The storage mapping of every buffer; with contract=False every buffer keeps its extent
     (what the program stored before contraction, for comparison)."""
     before = happens_before(schedule) if contract else None
+    in_order = {}  # slot dim -> batch_before in order
     out = {}
     for b in {b.resolve().name: b.resolve() for b in model.etdg.buffers}.values():
         full = (None,) * b.depth
@@ -309,7 +335,12 @@ def storage_mapping(model: PolyModel, schedule: Schedule, contract: bool = True)
         if k is None:
             out[b.name] = BufferStorage(b, moduli, cells, "global", access, write)
             continue
-        local = {w: _contract(b, conflict.intersect(same_batch(access, schedule, k, w)), model) for w in (1, BATCH)}
+        local = {}
+        for batch in BATCHES:
+            if batch.in_order and k not in in_order:
+                in_order[k] = batch_before(schedule, k, True)
+            within = conflicts(write, access, in_order[k]) if batch.in_order else conflict
+            local[batch] = _contract(b, within.intersect(same_batch(access, schedule, k, batch.width)), model)
         out[b.name] = BufferStorage(b, moduli, cells, "local", access, write, k, local)
     return Storage(out, contract, schedule, model.context)
 

@@ -206,8 +206,7 @@ def test_unknown_target():
 
 
 # -- OpenMP pragmas --------------------------------------------------------------------------
-PRAGMA = "#pragma omp parallel for"
-PRAGMAS = (PRAGMA, "#pragma omp for")  # the second inside a `#pragma omp parallel` region (local buffers)
+OMP_FOR = re.compile(r"#pragma omp for( schedule\(static, ft_chunk\(.*\)\))?$")  # a loop shared out in the region
 
 
 def run_loops(source):
@@ -219,7 +218,7 @@ def run_loops(source):
         m = re.match(r"^( *)for \(long (c\d+) = ", lines[k])
         if m:
             prev = lines[k - 1].strip()
-            out.append((len(m.group(1)), m.group(2), lines[k].strip(), prev in PRAGMAS))
+            out.append((len(m.group(1)), m.group(2), lines[k].strip(), bool(OMP_FOR.match(prev))))
     levels = sorted({indent for indent, *_ in out})
     return [(levels.index(indent), it, header, par) for indent, it, header, par in out]
 
@@ -230,7 +229,7 @@ def test_stacked_rnn_auto_wavefront_is_sequential_and_the_loop_inside_parallel()
     assert [(lvl, par) for lvl, _, _, par in loops] == [(0, False), (1, True), (2, False)], loops
     _, outer, header, _ = loops[0]
     assert "D" in header and "L" in header, f"not a wavefront over layers and time: {header}"
-    assert prog.source.count(PRAGMA) == 1
+    assert prog.source.count("#pragma omp for") == 1 and prog.source.count("#pragma omp parallel") == 1
     # the flags come from the schedule: the wavefront dimension carries dependences
     assert not prog.schedule.parallel[int(outer[1:])]
     assert prog.schedule.parallel[int(loops[1][1][1:])]
@@ -249,16 +248,17 @@ def test_stacked_rnn_original_parallelizes_the_batch_only():
 @pytest.mark.parametrize("name", sorted(WORKLOADS))
 def test_pragmas_mark_parallel_loops_only(name, schedule):
     """Every pragma sits on a loop the schedule calls parallel, never inside another one, and
-    the outermost parallel loop of each nest carries one."""
+    the outermost parallel loop of each nest carries one; the call has one parallel region,
+    and every statement called in it runs in a shared-out loop or under `omp single`."""
     mod = WORKLOADS[name]
     prog = ft.compile(mod.program, *mod.specs("small"), schedule=schedule)
     src = prog.source
     lines = src.splitlines()
     for k, line in enumerate(lines):
-        if line.strip() in PRAGMAS:
+        if OMP_FOR.match(line.strip()):
             assert re.match(r"^ *for \(long c\d+ = ", lines[k + 1]), lines[k + 1]
-        if line.strip() == "#pragma omp parallel":  # a region whose threads run one loop
-            assert lines[k + 1].strip() == "{" and lines[k + 2].strip() == "ctx_t ft_own = ctx;", lines[k:k + 3]
+    assert src.count("#pragma omp parallel") == 1 and "#pragma omp parallel for" not in src
+    assert not [s for s in omp_constructs(src) if not {"for", "single"} & set(s[1])], "a call outside both"
     loops = run_loops(src)
     assert any(par for *_, par in loops), "every workload has a parallel batch dimension"
     par_flags = prog.schedule.parallel
@@ -273,6 +273,38 @@ def test_pragmas_mark_parallel_loops_only(name, schedule):
         elif par_flags[int(it[1:])]:
             assert inside, f"{header} is parallel but not marked"
         stack.append((lvl, par or inside))
+
+
+def omp_constructs(source) -> list:
+    """(statement call, the OpenMP constructs around it: "parallel", "for", "single") of
+    `polyft_run`, blocks by braces."""
+    body = source[source.index("int polyft_run"):].splitlines()
+    stack, pending, out = [], None, []
+    for line in body:
+        s = line.strip()
+        if m := re.match(r"#pragma omp (parallel|for|single)\b", s):
+            pending = m.group(1)
+        elif s == "{":
+            stack.append(pending)
+            pending = None
+        elif s == "}":
+            stack.pop()
+        elif re.match(r"S_\w+\(", s):
+            out.append((s, [k for k in stack if k]))
+        elif s and not s.startswith("//"):
+            pending = pending if s.startswith("for (") else None
+    return out
+
+
+def test_small_steps_run_on_one_thread():
+    """The cost model: a wavefront step of the small stacked RNN (H=8: a few thousand flops a
+    layer) gets one chunk of all its iterations; at H=512 each iteration is worth a thread."""
+    def chunk_flops(H):
+        prog = ft.compile(stacked_rnn.program, *stacked_rnn.specs("small", H=H))
+        [m] = re.findall(r"schedule\(static, ft_chunk\(.*, (\d+)\.0\)\)", prog.source)
+        return int(m)
+    small, large = chunk_flops(8), chunk_flops(512)
+    assert small < 100_000 <= large, (small, large)
 
 
 # -- the cache -------------------------------------------------------------------------------

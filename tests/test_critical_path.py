@@ -234,7 +234,7 @@ def omp_dims(source: str, statements) -> dict:
     stack, pending_omp, pending_loop, found = [], False, None, defaultdict(set)
     for line in body.splitlines():
         s = line.strip()
-        if s.startswith("#pragma omp") and s.endswith("for"):
+        if re.match(r"#pragma omp (parallel )?for\b", s):
             pending_omp = True
         elif m := re.match(r"for \(long c(\d+) ", s):
             pending_loop, pending_omp = (int(m.group(1)) if pending_omp else None), False

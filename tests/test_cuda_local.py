@@ -95,7 +95,7 @@ def test_memory_reports_shared_buffers_as_local(name):
         assert row.placement == "local" and row.allocated_bytes == 0 and row.local_bytes > 0, row
     for b in prog.layout.buffers:
         if b.kind == "intermediate":
-            local = prog.layout.width(b) is not None
+            local = prog.layout.batch(b) is not None
             assert mem.loc[b.name].placement == ("local" if local else "global")
             assert (mem.loc[b.name].allocated_bytes == 0) == local
             if local:

@@ -48,6 +48,7 @@ from hypothesis import HealthCheck, given, settings
 import polyft as ft
 from polyft import interpret
 from polyft.errors import PolyftError
+from polyft.schedule.storage import BATCH, BATCHES, Batch
 from polyft.testing import rel_error
 from polyft.workloads import WORKLOADS
 
@@ -163,17 +164,19 @@ def lives(instances, name) -> Lives:
     return Lives(write, dict(access))
 
 
-def overlap_violations(lv: Lives, moduli, parallel, together=None) -> list:
+def overlap_violations(lv: Lives, moduli, parallel, together=None, order=None) -> list:
     """(a) Pairs of distinct elements in one cell whose live ranges overlap: e1's live range
-    ends before e2's begins when every access of e1 happens before e2's write. `together(e1,
-    e2)` limits the pairs to those stored in one place (a thread's scratch)."""
+    ends before e2's begins when every access of e1 happens before e2's write (`order(t, u)`,
+    `before` by default). `together(e1, e2)` limits the pairs to those stored in one place
+    (a thread's scratch)."""
     cells = defaultdict(list)
     for e in lv.write:
         cells[cell_of(e, moduli)].append(e)
+    order = order or (lambda t, u: before(t, u, parallel))
 
     def done_before(e1, e2):
         w2 = lv.write[e2][0]
-        return all(before(t, w2, parallel) for t, _ in lv.access[e1])
+        return all(order(t, w2) for t, _ in lv.access[e1])
     bad = []
     for c, es in cells.items():
         for i, e1 in enumerate(es):
@@ -188,14 +191,16 @@ def local_violations(lv: Lives, s, parallel, local=None) -> list:
     element's accesses share the time prefix up to k (one iteration), and per batch width w
     (a thread runs w consecutive iterations of dim k at once, the batch before the next),
     elements whose iterations may share a batch (equal before k, less than w apart at k)
-    never share a scratch cell while both are live. `local` overrides s.local's moduli."""
+    never share a scratch cell while both are live; for an in-order Batch, live ranges as
+    one thread runs them (`thread_before`). `local` overrides s.local's moduli."""
     k = s.slot_dim
     bad = [("premise", e, acc) for e, acc in lv.access.items() if len({t[:k + 1] for t, _ in acc}) != 1]
-    for width, moduli in (local or {w: m for w, (m, _) in s.local.items()}).items():
-        def together(e1, e2, width=width):
+    for batch, moduli in (local or {b: m for b, (m, _) in s.local.items()}).items():
+        def together(e1, e2, width=batch.width):
             t1, t2 = lv.write[e1][0], lv.write[e2][0]
             return t1[:k] == t2[:k] and abs(t1[k] - t2[k]) < width
-        bad += [("overlap", width, *v) for v in overlap_violations(lv, moduli, parallel, together)]
+        order = (lambda t, u: thread_before(t, u, k, parallel)) if batch.in_order else None
+        bad += [("overlap", batch, *v) for v in overlap_violations(lv, moduli, parallel, together, order)]
     return bad
 
 
@@ -235,23 +240,40 @@ def batch_before(t, u, k, parallel) -> bool:
     return before(t[:k] + t[k + 1:], u[:k] + u[k + 1:], parallel[:k] + parallel[k + 1:])
 
 
-def sharing_violations(instances, storage, groups, width, parallel) -> list:
-    """(e) Local buffers in one scratch region (`groups`, for batches of `width`): no element
-    of one may be live while an element of another is, when both may be in one batch (equal
-    time prefix before the slot dim k, less than `width` apart at k). e1's live range ends
-    before e2's begins when every access of e1 is batch-before e2's write."""
+def thread_before(t, u, k, parallel) -> bool:
+    """t before u as one C thread runs a batch of iterations of the parallel dim k: dim k is
+    ignored; at the first dim where they differ, a sequential one orders them, and so does a
+    parallel one (the thread runs its loop in order) where t is at least BATCH smaller (a tile
+    of at most BATCH iterations runs at once)."""
+    for j, (a, b) in enumerate(zip(t, u)):
+        if j != k and a != b:
+            if j < k:  # another batch: not the thread's to order
+                return False
+            return b - a >= BATCH if parallel[j] else a < b
+    return False
+
+
+def sharing_violations(instances, storage, groups, batch, parallel) -> list:
+    """(e) Local buffers in one scratch region (`groups`, for a Batch): no element of one may
+    be live while an element of another is, when both may be in one batch (equal time prefix
+    before the slot dim k, less than the batch's width apart at k). e1's live range ends
+    before e2's begins when every access of e1 is batch-before (or, in order, thread-before)
+    e2's write."""
+    width = batch.width
     bad = []
     for group in groups:
         for i, a in enumerate(group):
             for b in group[i + 1:]:
                 k = storage.buffers[a].slot_dim
+                first = (lambda t, u, k=k: thread_before(t, u, k, parallel)) if batch.in_order else \
+                    (lambda t, u, k=k: batch_before(t, u, k, parallel))
                 la, lb = lives(instances, a), lives(instances, b)
                 for ea, (wa, _) in la.write.items():
                     for eb, (wb, _) in lb.write.items():
                         if wa[:k] != wb[:k] or abs(wa[k] - wb[k]) >= width:
                             continue
-                        if not all(batch_before(t, wb, k, parallel) for t, _ in la.access[ea]) and \
-                                not all(batch_before(t, wa, k, parallel) for t, _ in lb.access[eb]):
+                        if not all(first(t, wb) for t, _ in la.access[ea]) and \
+                                not all(first(t, wa) for t, _ in lb.access[eb]):
                             bad.append((a, ea, la.access[ea], b, eb, lb.access[eb]))
     return bad
 
@@ -306,7 +328,7 @@ def check_storage(prog, inputs, moduli=None) -> dict:
             problems += [f"(c) {name}{list(e)}: ISL maps it to {got}, the moduli {s.moduli} to {want}"
                          for e, got, want in bad[:3]]
         if s.placement == "local":
-            assert set(s.local) == {1, 16} and s.slot_dim is not None and parallel[s.slot_dim], name
+            assert set(s.local) == set(BATCHES) and s.slot_dim is not None and parallel[s.slot_dim], name
             problems += [f"(d) {name}: {v}" for v in local_violations(lv, s, parallel)[:3]]
             for width, (mod_w, _) in s.local.items():
                 bad = mapping_disagreements(dataclasses.replace(s, moduli=mod_w, mapping=s.local[width][1]),
@@ -315,10 +337,10 @@ def check_storage(prog, inputs, moduli=None) -> dict:
                              for e, got, want in bad[:3]]
     problems += [f"(b) {v}" for v in simulation_violations(instances, stored, parallel)[:3]]
     local = [n for n, s in prog.storage.buffers.items() if s.placement == "local"]
-    for width in (1, 16):
-        groups = prog.storage.regions({n: width for n in local})
+    for batch in BATCHES:
+        groups = prog.storage.regions({n: batch for n in local})
         assert sorted(n for g in groups for n in g) == sorted(local)
-        problems += [f"(e) {v}" for v in sharing_violations(instances, prog.storage, groups, width, parallel)[:3]]
+        problems += [f"(e) {v}" for v in sharing_violations(instances, prog.storage, groups, batch, parallel)[:3]]
     assert not problems, (f"{prog.schedule.kind} schedule, time dims "
                           f"{['par' if p else 'seq' for p in parallel]}:\n" + "\n".join(problems))
     return stored
@@ -382,9 +404,11 @@ def test_checker_catches_a_bad_mapping():
         assert mapping_disagreements(wrong, es, prog.model.context), str(wrong.mapping)
         # (d): local to the iterations of the coarsened (b, h, q) loop: one iteration keeps the
         # two live states of its query tile; a batch of 16 (all 8 here) keeps every tile's
-        assert s.placement == "local" and s.local[1][0] == (1, 1, 1, 2) and s.local[16][0] == s.moduli, s.local
+        assert s.placement == "local" and s.local[Batch(1)][0] == (1, 1, 1, 2) and s.local[Batch(16)][0] == s.moduli, \
+            s.local
         assert not local_violations(lv, s, parallel)
-        for spoiled in ({1: (1, 1, 1, 1)}, {16: (1, 1, None, 2)}, {16: (None, None, 1, 2)}):
+        for spoiled in ({Batch(1): (1, 1, 1, 1)}, {Batch(16): (1, 1, None, 2)}, {Batch(16): (None, None, 1, 2)},
+                        {Batch(16, True): (None, None, 1, 2)}):
             assert local_violations(lv, s, parallel, spoiled), spoiled
 
 
@@ -532,6 +556,29 @@ def test_stacked_lstm_gates_drop_the_time_dim():
     assert prog.storage.of(g).moduli == (None, None, 1, None)
 
 
+def test_stacked_lstm_gates_keep_a_tile_of_rows_per_thread():
+    """In the C target a thread runs the batch loop inside its layer in order, a tile of 16
+    rows at a time, so a thread's gates are those of one tile: rows mod 16, whatever N is
+    (the global mapping keeps every row: other threads' layers run at once). Checked by brute
+    force at N=40 (tiles wrap around the cells), against eager, and a modulus of 8 rows,
+    which two rows of one tile would share, is caught."""
+    mod = WORKLOADS["stacked_lstm"]
+    shape = dict(N=40, D=2, L=3, H=8)
+    inputs = mod.inputs("small", seed=40, **shape)
+    prog = ft.compile(mod.program, *inputs, target="c")
+    [g] = [b for b in written_by(prog, "map") if len(b.dims) == 4 and b.dims[-1].evaluate({}) == 4]
+    s = prog.storage.of(g)
+    assert s.moduli == (None, None, 1, None) and prog.local_batch(g) == Batch(1, True)
+    assert s.local[Batch(1, True)][0] == (16, 1, 1, None) and s.local[Batch(1, False)][0][0] is None
+    assert prog.memory().set_index("buffer").loc[g.name].local_bytes == 16 * 4 * 8 * 4  # rows x gates x H x 4 B
+    check_storage(prog, inputs)
+    lv = lives(run_instances(prog, inputs), g.name)
+    assert local_violations(lv, s, prog.schedule.parallel, {Batch(1, True): (8, 1, 1, None)})
+    for seed in (41, 42):
+        fresh = mod.inputs("small", seed=seed, **shape)
+        assert rel_error(prog(*fresh), mod.program(*fresh)) < TOL
+
+
 def test_contract_false_keeps_every_element():
     mod = WORKLOADS["flash_attention"]
     prog = ft.compile(mod.program, *mod.inputs("small", seed=1), target="c", contract=False)
@@ -570,7 +617,7 @@ def test_workload_compiled_contracted_equals_eager(name, schedule, target):
                 row = rows.loc[b.name]
                 cells = int(np.prod(prog.layout.cells_shape(b, {}))) * np.dtype(b.dtype).itemsize
                 given = int(np.prod(prog.layout.shape(b, {}))) * np.dtype(b.dtype).itemsize  # by the caller
-                local = prog.layout.width(b) is not None
+                local = prog.layout.batch(b) is not None
                 assert row.placement == ("local" if local else "global")
                 assert (row.local_bytes, row.allocated_bytes, given) == ((cells, 0, 0) if local else (0, cells, cells))
         assert not contract or target != "c" or (mem.placement == "local").sum() >= (name in STRICTLY_SMALLER)
@@ -728,8 +775,8 @@ def test_flash_attention_states_live_in_each_threads_scratch():
         s = prog.storage.buffers[name]
         b = s.buffer
         tile = int(np.prod(b.element_shape)) * 4
-        assert prog.layout.width(b) == 16 and prog.layout.shape(b, {}) == (0,)
-        assert s.moduli == (None, None, None, 2) and s.local[16][0] == (2, 2, None, 2), s.local
+        assert prog.layout.batch(b) == Batch(16, True) and prog.layout.shape(b, {}) == (0,)
+        assert s.moduli == (None, None, None, 2) and s.local[Batch(16, True)][0] == (2, 2, None, 2), s.local
         shared = 4 * 4 * 16 * 2 * tile  # B x NH x TQ x 2 states, contracted in shared memory
         assert inter.loc[name].local_bytes == 2 * 2 * 16 * 2 * tile == shared // 4
     assert "#pragma omp parallel\n" in prog.source and "ft_scratch" in prog.source
