@@ -64,11 +64,12 @@ static void ft_give_scratch(char* p, long bytes)
 }
 typedef float ft_vec __attribute__((vector_size(64)));  /* 16 floats: the GEMM micro-kernel's row */
 
-/* The step of a tiled parallel loop of n iterations: tiles of at most `size`, narrowed so that
-   every thread of the region gets one (fewer rows per GEMM beats idle threads) */
-static long ft_split(long n, long size)
+/* The step of a tiled parallel loop of n iterations run for each of m iterations of a loop
+   around it: tiles of at most `size`, narrowed so that every thread of the region gets one
+   (fewer rows per GEMM beats idle threads) */
+static long ft_split(long n, long size, long m)
 {
-  const long t = omp_get_num_threads(), w = (n + t - 1) / t;
+  const long per = m < 1 ? 1 : m, t = (omp_get_num_threads() + per - 1) / per, w = (n + t - 1) / t;
   return w < 1 ? 1 : (w < size ? w : size);
 }
 
@@ -214,11 +215,10 @@ def _omp_for(loop, info, flops) -> cgen.Generable:
     """A parallel loop shared out among the region's threads; with its iterations' count
     known, in chunks that give each thread at least MIN_FLOPS (ft_chunk): a step too small
     to split runs on fewer threads, down to one."""
-    if info.iterations is None:
+    if info.trips is None:
         return cgen.Block([cgen.Pragma("omp for"), loop])
-    per_step = f"{flops(info.node)}.0" + ("" if info.step == 1 else f" * {info.step}")
-    count = info.iterations if info.step == 1 else f"({info.iterations} + {info.step} - 1) / {info.step}"
-    return cgen.Block([cgen.Pragma(f"omp for schedule(static, ft_chunk({count}, {per_step}))"), loop])
+    per_trip = f"{flops(info.node)}.0" + ("" if info.step == 1 else f" * {info.step}")
+    return cgen.Block([cgen.Pragma(f"omp for schedule(static, ft_chunk({info.trips}, {per_trip}))"), loop])
 
 
 def _single(code) -> cgen.Generable:

@@ -47,8 +47,12 @@ def to_cgen(node: isl.AstNode, parallel: list, statement, parallel_for, inside_p
     Loops whose text is in `tiles` (loop -> tile size, from `tileable_loops`) advance a
     tile at a time; statements inside get `tile = (argument position, C count)`. With
     `split` (a C function name), a tiled loop that is itself the parallel one advances by
-    `split(iterations, tile size)` instead, computed when the loop starts: the target narrows
+    `split(iterations, tile size, 1)` instead, computed when the loop starts: the target narrows
     tiles so that every thread gets one (16 iterations in tiles of 16 are one thread's work).
+    A parallel loop whose body is a tiled parallel loop with bounds of its own (a wavefront
+    step over layers, a batch tiled inside) becomes one loop over (outer iteration, tile),
+    tiles `split(inner iterations, tile size, outer iterations)` wide: a step with fewer
+    layers than threads still keeps them all busy.
     With `serial`, the code of each largest subtree outside parallel loops that has none
     inside goes through `serial(code)` (one thread of a parallel region runs it)."""
     if serial is not None and not inside_parallel and not has_parallel(node, parallel):
@@ -67,6 +71,11 @@ def to_cgen(node: isl.AstNode, parallel: list, statement, parallel_for, inside_p
         init = f"long {it} = {first}"
         hi, inclusive = upper_bound(node)
         n = f"{hi.to_C_str()} - ({first}){' + 1' if inclusive else ''}" if hi is not None else None
+        inner = node.for_get_body()
+        if par and split and n is not None and loop_key(node) not in tiles and _tiled_inside(node, inner, parallel,
+                                                                                               tiles):
+            return _flattened(node, inner, n, tiles[loop_key(inner)], split, parallel_for,
+                              lambda b, tl: sub(b, True, tl))
         if tiles and loop_key(node) in tiles:
             size = tiles[loop_key(node)]
             left = f"{hi.to_C_str()} - {it}{' + 1' if inclusive else ''}"  # iterations from it on
@@ -76,9 +85,9 @@ def to_cgen(node: isl.AstNode, parallel: list, statement, parallel_for, inside_p
                     sub(node.for_get_body(), inside_parallel or par, (it, count))]
             loop = cgen.For(init, node.for_get_cond().to_C_str(), f"{it} += {step}", cgen.Block(body))
             if par and split:
-                width = f"{split}({n}, {size})"
+                width = f"{split}({n}, {size}, 1)"
                 return cgen.Block([cgen.Line(f"const long {step} = {width};"),
-                                   parallel_for(loop, ParallelLoop(node, n, step))])
+                                   parallel_for(loop, ParallelLoop(node, f"({n} + {step} - 1) / {step}", step))])
         else:
             step = 1
             body = sub(node.for_get_body(), inside_parallel or par)
@@ -101,12 +110,52 @@ def to_cgen(node: isl.AstNode, parallel: list, statement, parallel_for, inside_p
 
 @dataclass(frozen=True)
 class ParallelLoop:
-    """What a target may want to know of a parallel loop it marks: the ISL node, the C
-    expression of its iterations' count (None when the bounds do not say), and how many of
-    them one step of the C loop runs (an int, or a C name: a tiled loop's tile width)."""
+    """What a target may want to know of a parallel loop it marks: the ISL node whose
+    iterations the C loop runs, the C expression of the C loop's trip count (None when the
+    bounds do not say), and how many of the node's iterations one trip runs (an int, or a C
+    name: a tile's width)."""
     node: isl.AstNode
-    iterations: str | None
+    trips: str | None
     step: object
+
+
+def _tiled_inside(outer, inner, parallel: list, tiles) -> bool:
+    """Whether `inner`, the whole body of parallel loop `outer`, is a tiled parallel loop
+    whose bounds do not depend on `outer`'s iterator (so the two flatten into one loop)."""
+    if inner.get_type() != isl.ast_node_type.for_ or not parallel[level(inner)] or loop_key(inner) not in tiles:
+        return False
+    hi, _ = upper_bound(inner)
+    it = outer.for_get_iterator().get_id().get_name()
+    return hi is not None and not ({it} & (_ids(hi) | _ids(inner.for_get_init())))
+
+
+def _ids(e: isl.AstExpr) -> set:
+    if e.get_type() == isl.ast_expr_type.id:
+        return {e.get_id().get_name()}
+    if e.get_type() == isl.ast_expr_type.op:
+        return set().union(*(_ids(e.get_op_arg(k)) for k in range(e.get_op_n_arg())))
+    return set()
+
+
+def _flattened(outer, inner, n, size, split, parallel_for, body) -> cgen.Block:
+    """Parallel loop `outer` (n iterations) around tiled parallel loop `inner` as one loop
+    over (outer iteration, tile of inner): `it_m` outer iterations times `jt_t` tiles of
+    `jt_w = split(inner iterations, size, it_m)`; each trip sets both iterators and the
+    tile's count `jt_n` (the last tile may be short), then runs `body(inner's body, tile)`."""
+    it, jt = (f.for_get_iterator().get_id().get_name() for f in (outer, inner))
+    hi, inclusive = upper_bound(inner)
+    first = inner.for_get_init().to_C_str()
+    m = f"({hi.to_C_str()} - ({first}){' + 1' if inclusive else ''})"
+    k = f"{it}_{jt}"
+    head = [cgen.Line(f"const long {it}_m = max(0, {n});"),
+            cgen.Line(f"const long {jt}_w = {split}({m}, {size}, {it}_m);"),
+            cgen.Line(f"const long {jt}_t = max(0, ({m} + {jt}_w - 1) / {jt}_w);")]
+    trip = [cgen.Line(f"const long {it} = {outer.for_get_init().to_C_str()} + {k} / {jt}_t;"),
+            cgen.Line(f"const long {jt} = {first} + ({k} % {jt}_t) * {jt}_w;"),
+            cgen.Line(f"const long {jt}_n = min({jt}_w, {hi.to_C_str()} - {jt}{' + 1' if inclusive else ''});"),
+            body(inner.for_get_body(), (jt, f"{jt}_n"))]
+    loop = cgen.For(f"long {k} = 0", f"{k} < {it}_m * {jt}_t", f"{k} += 1", cgen.Block(trip))
+    return cgen.Block(head + [parallel_for(loop, ParallelLoop(inner, f"{it}_m * {jt}_t", f"{jt}_w"))])
 
 
 def has_parallel(node, parallel: list) -> bool:

@@ -15,7 +15,9 @@ unlimited threads:
 
 Tiling (`emit.isl_ast.tileable_loops`: a parallel loop advancing TILE iterations per call)
 does not change the count: a tile's instances are one thread's work, run in one call, so they
-count one each, as untiled. The CUDA target's kernels are not modelled.
+count one each, as untiled. Nor does flattening an OpenMP loop with the tiled loop inside it
+into one loop over (iteration, tile) (`emit.isl_ast`): the inner loop counts as run inside a
+thread, as if in one tile. The CUDA target's kernels are not modelled.
 
 Loops whose body's bounds and guards do not use the loop's iterator are counted without
 iterating the body (its cost is the same every iteration), so the walk is quick even at the

@@ -236,7 +236,7 @@ def omp_dims(source: str, statements) -> dict:
         s = line.strip()
         if re.match(r"#pragma omp (parallel )?for\b", s):
             pending_omp = True
-        elif m := re.match(r"for \(long c(\d+) ", s):
+        elif m := re.match(r"for \(long c(\d+)(_c\d+)? ", s):  # c2_c3: c2 and its tiles of c3
             pending_loop, pending_omp = (int(m.group(1)) if pending_omp else None), False
         elif s == "{":
             stack.append(pending_loop)

@@ -103,6 +103,6 @@ def test_tiles_bring_about_128_rows(P, width):
     def rows(xs, w):
         return xs.map(lambda x: ft.exp(x @ w))
     prog = ft.compile(rows, ft.spec(f"[N]float32[{P}, 16]"), ft.spec("float32[16, 16]"))
-    assert f", {width});" in prog.source.split("ft_split(", 2)[-1]
+    assert f", {width}, 1);" in prog.source.split("ft_split(", 2)[-1]
     xs, w = flist([37], [P, 16], 1), rand((16, 16), 2) / 4
     assert_same(prog(xs, w), rows(xs, w))
