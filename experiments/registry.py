@@ -12,6 +12,18 @@ import os
 from dataclasses import dataclass
 
 
+PRESETS = ("quick", "paper")
+
+
+def tagged(name: str, preset: str) -> str:
+    """A results file's name carrying its preset, `fig7.csv` -> `fig7_quick.csv`: a --paper run
+    never overwrites the quick results, nor a quick run the paper's."""
+    if preset not in PRESETS:
+        raise ValueError(f"preset {preset!r}: one of {PRESETS}")
+    stem, ext = os.path.splitext(name)
+    return f"{stem}_{preset}{ext}"
+
+
 @dataclass(frozen=True)
 class Artefact:
     module: str  # has run(preset, out_dir)
