@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 import islpy as isl
 
 from polyft.deps.isl_helpers import union_map
+from polyft.deps.model import check_sizes
 from polyft.emit.isl_ast import build_ast
 from polyft.experiments.common import preset, preset_args
 from polyft.schedule.coarsen import coarsen
@@ -41,7 +43,11 @@ def cmd_workloads(args) -> int:
 def cmd_inspect(args) -> int:
     mod = get(args.workload)
     specs = mod.specs(args.preset)
+    sizes = _sizes(args.size)
+    if isinstance(args.schedule, str):
+        schedule_kind(args.schedule)  # unreadable ISL: an error before any output
     etdg = trace(mod.program, *specs)
+    check_sizes(sizes, etdg.params, op="inspect --size")  # likewise unknown lengths
     print(etdg)
     if args.dot:
         with open(args.dot, "w") as f:
@@ -54,7 +60,6 @@ def cmd_inspect(args) -> int:
         print("\nafter coarsening:\n" + str(coarsened))
     status = 0
     if args.deps or args.schedule is not None or args.storage:
-        sizes = _sizes(args.size)
         prog = analyze(mod.program, *specs, sizes=sizes) if args.deps or args.schedule is True or args.storage \
             else None
         if args.deps:
@@ -102,12 +107,27 @@ def _schedules(prog) -> str:
         steps = f", sequential steps {s.sequential_steps}" if s.sequential_steps is not None else \
             " (sequential steps: give concrete --size)"
         lines.append(f"  {label} time dims [{kinds}]{steps}")
+    lines += _removed(prog)
     lines.append("bands:")
     lines += [ln for ln in auto.describe(ctx).splitlines() if ln.startswith("  band")]
     if any(d.reversed for b in auto.bands for d in b.dims):
         lines.append("  (a band's T acts on its dims in execution order: a right aggregate's dim x as its "
                      "length - 1 - x; the T above, per statement, on the dims themselves)")
     return "\n".join(lines)
+
+
+def _removed(prog) -> list:
+    """Lines for the traced statements that coarsening removed or merged (so have no schedule),
+    each with the coarsening steps that name its block."""
+    kept = {st.name for st in prog.etdg.statements}
+    lines = []
+    for st in prog.traced.statements:
+        if st.name not in kept:
+            why = [e for e in prog.coarsen_log if re.search(rf"\b{st.block.name}\b", e)]
+            lines.append(f"  {st.name}: not scheduled, coarsening (§5.1) removed it: "
+                         + ("; ".join(why) or "merged into another block")
+                         + " (`--coarsen` shows the ETDG after coarsening)")
+    return lines
 
 
 def _user_schedule(fn, specs, text, sizes) -> tuple[str, int]:
@@ -163,8 +183,10 @@ def main(argv=None) -> int:
     p.add_argument("--preset", default="small")
     p.set_defaults(run=cmd_workloads)
     p = sub.add_parser("inspect", help="print a workload's ETDG (and its ISL model)")
-    p.add_argument("workload")
-    p.add_argument("--preset", default="small", help="size preset for the static dims")
+    p.add_argument("workload", choices=list(WORKLOADS), metavar="WORKLOAD",
+                   help=f"one of: {', '.join(WORKLOADS)}")
+    p.add_argument("--preset", default="small", help="size preset for the static dims (small, paper; the RNNs "
+                                                      "also middle, large)")
     p.add_argument("--dot", metavar="FILE", help="also write the ETDG as Graphviz DOT")
     p.add_argument("--deps", action="store_true",
                    help="print domains, access relations, dependences and distance vectors")
