@@ -69,7 +69,7 @@ class Schedule:
     * `sequential_steps`: steps when every parallel time dim runs at once, a dim being
       parallel per subtree of the schedule (`sequential_steps()`). The paper's count (Tables
       3/4; e.g. the stacked RNN's wavefront: L + D - 1), and the `sequential_steps` column of
-      results/schedule_vs_isl.csv.
+      results/schedule_vs_isl_paper.csv.
     * `steps_as_run` (computed on first use): the instances one thread runs one after the
       other in the C target's code, which runs only the outermost parallel loop of each nest
       in parallel (schedule/steps.py; the stacked RNN's batch loop, inside the parallel layer
@@ -112,6 +112,15 @@ class Schedule:
             self._counts["steps_as_run"] = None if self.model is None else \
                 _steps_as_run(self.model, self.map, self.parallel)
         return self._counts["steps_as_run"]
+
+    def plot(self, sizes=None, band=None, slice_at=None):
+        """A matplotlib Figure of one band's instances under the original schedule and this one,
+        side by side (the paper's Figures 5/6): sequential steps as colours, flow dependences as
+        arrows, this schedule's wavefront hyperplanes as lines. `sizes` fixes lengths left
+        symbolic, `band` is a block name ("b0"), `slice_at` ({dim: value}) fixes the dims not
+        drawn (schedule/picture.py)."""
+        from .picture import draw  # matplotlib only here
+        return draw(make_schedule(self.model, self.deps, "original"), self, sizes, band, slice_at)
 
     def reordering(self, model, name):
         """The statement's T as a `reorder.Reordering`, for bounds and transformed accesses."""
