@@ -1,13 +1,16 @@
 """CPU benchmark of the RNN family: eager numpy, generated C (original and auto schedules),
 a torch eager per-cell loop and torch.nn.LSTM, side by side in one run, checked against the
-eager result before timing (experiments/measure.py). Writes results/cpu_rnn.csv."""
-from __future__ import annotations
+eager result before timing (experiments/measure.py). Writes results/cpu_rnn_<preset>.csv.
 
-import argparse
+    python -m polyft.experiments.cpu_rnn [--quick | --paper] [--out DIR] [--resume]
+"""
+from __future__ import annotations
 
 import pandas as pd
 
+from .common import path
 from .measure import Point, sweep
+from .reproduce import main
 
 # (workload, sizes) sweeps; --quick keeps `polyft reproduce --quick` within minutes on 2 cores
 SWEEPS = {
@@ -24,8 +27,13 @@ def points(preset: str) -> list:
     return [Point(w, size, {"depth": size["D"]}) for w, size in SWEEPS[preset]]
 
 
-def run(preset: str = "quick", out_dir: str = "results", repeats: int | None = None) -> pd.DataFrame:
-    return sweep("cpu_rnn", points(preset), preset, out_dir, repeats)
+def run(preset: str = "quick", out_dir: str = "results", resume: bool = False,
+        repeats: int | None = None) -> pd.DataFrame:
+    return sweep("cpu_rnn", points(preset), preset, out_dir, repeats, resume)
+
+
+def result_text(out_dir: str, preset: str) -> str:
+    return table(pd.read_csv(path(out_dir, "cpu_rnn.csv", preset)))
 
 
 def table(df: pd.DataFrame) -> str:
@@ -40,13 +48,10 @@ def table(df: pd.DataFrame) -> str:
     for key, row in piv.iterrows():
         w, s = key.split("|")
         cells = " | ".join("-" if pd.isna(v) else f"{v:.1f}" for v in row)
-        lines.append(f"| {w} | {s} | {cells} | {row['numpy-eager'] / row['c-auto']:.1f}x | "
+        lines.append(f"| {w} | {s} | {cells} | {row.get('numpy-eager', float('nan')) / row['c-auto']:.1f}x | "
                      f"{row['torch-cell-loop'] / row['c-auto']:.2f}x |")
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--paper", action="store_true")
-    args = ap.parse_args()
-    print(table(run("paper" if args.paper else "quick")))
+    raise SystemExit(main("cpu_rnn", __doc__))

@@ -1,7 +1,8 @@
 """How long the dependence analysis takes: trace -> ISL model -> dependences, per workload.
 
-For every workload at a preset ("paper" by default: the paper's static dims), the program is
-traced on its symbolic specs and analysed twice: with parametric lengths (the ISL maps have
+For every workload at the paper's static dims (--quick and --paper alike: the analysis takes
+well under a second per workload; SIZES), the program is traced on its symbolic specs and
+analysed twice: with parametric lengths (the ISL maps have
 parameters N, L, D, ...) and with the preset's concrete lengths fixed by `sizes=` (the same
 maps under a context that pins every parameter). Each phase is timed as the median of 5 runs
 after a warm-up:
@@ -12,15 +13,13 @@ after a warm-up:
     total    the three together (median of the per-run sums)
 
 The ETDG is analysed as traced (ft.analyze would coarsen it first). Writes tidy CSV
-results/deps_time.csv: workload, preset, lengths (symbolic | concrete), sizes, phase, seconds,
-repeats, device, commit, date.
+results/deps_time_<preset>.csv: workload, preset (the workload preset of the sizes), lengths
+(symbolic | concrete), sizes, phase, seconds, repeats, device, commit, date.
 
-    python -m polyft.experiments.deps_time [--preset paper] [--out results]
+    python -m polyft.experiments.deps_time [--quick | --paper] [--out DIR] [--resume]
 """
 from __future__ import annotations
 
-import argparse
-import os
 import statistics
 import time
 
@@ -32,10 +31,12 @@ from polyft.deps.model import build
 from polyft.errors import PolyftError
 from polyft.workloads import WORKLOADS
 
-from .common import meta
+from .common import meta, path, sweep
+from .reproduce import main
 
 PHASES = ("trace", "model", "analyze")
 REPEATS = 5
+SIZES = {"quick": "paper", "paper": "paper"}  # the workload preset analysed per run preset
 
 
 def lengths(name: str, preset) -> dict:
@@ -81,47 +82,33 @@ def measure(name: str, preset: str, concrete: bool, repeats: int = REPEATS) -> d
     return out
 
 
-def run(preset: str = "paper", out_dir: str = "results", repeats: int = REPEATS) -> pd.DataFrame:
-    """Time every workload at `preset`; write `out_dir`/deps_time.csv and return the rows.
-
-    `preset="quick"` (what `polyft reproduce` passes by default) means "paper": the analysis
-    takes well under a second per workload at the paper's sizes."""
-    if preset == "quick":
-        preset = "paper"
-    info = meta()
-    rows = []
+def run(preset: str = "quick", out_dir: str = "results", resume: bool = False, repeats: int = REPEATS) -> pd.DataFrame:
+    """Time every workload at the sizes of SIZES[preset], symbolic and concrete lengths; write
+    `out_dir`/deps_time_<preset>.csv and return the rows."""
+    sizes_preset = SIZES[preset]
     for name, mod in WORKLOADS.items():
-        if preset not in mod.PRESETS:
-            raise PolyftError(f"deps_time: workload {name} has no preset {preset!r} "
+        if sizes_preset not in mod.PRESETS:
+            raise PolyftError(f"deps_time: workload {name} has no preset {sizes_preset!r} "
                               f"(it has {', '.join(mod.PRESETS)})", op="deps_time")
-        for concrete in (False, True):
-            sizes = lengths(name, preset)
-            times = measure(name, preset, concrete, repeats)
-            for phase in PHASES + ("total",):
-                rows.append({"workload": name, "preset": preset,
-                             "lengths": "concrete" if concrete else "symbolic",
-                             "sizes": " ".join(f"{k}={v}" for k, v in sizes.items()) if concrete else "",
-                             "phase": phase, "seconds": times[phase], "repeats": repeats, **info})
-            print(f"{name:<16} {'concrete' if concrete else 'symbolic':<9} "
-                  + "  ".join(f"{p} {times[p] * 1e3:7.1f} ms" for p in PHASES + ("total",)), flush=True)
-    df = pd.DataFrame(rows)
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, "deps_time.csv")
-    df.to_csv(path, index=False)
-    print(f"wrote {path}")
-    return df
+    info = meta()
+
+    def point(p) -> list:
+        name, concrete = p
+        times = measure(name, sizes_preset, concrete, repeats)
+        sizes = " ".join(f"{k}={v}" for k, v in lengths(name, sizes_preset).items()) if concrete else ""
+        return [{"workload": name, "preset": sizes_preset, "lengths": "concrete" if concrete else "symbolic",
+                 "sizes": sizes, "phase": phase, "seconds": times[phase], "repeats": repeats, **info}
+                for phase in PHASES + ("total",)]
+    points = [(name, concrete) for name in WORKLOADS for concrete in (False, True)]
+    return sweep("deps_time", preset, out_dir, points, point, resume=resume,
+                 key=lambda p: {"workload": p[0], "lengths": "concrete" if p[1] else "symbolic"})
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m polyft.experiments.deps_time", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="paper")
-    parser.add_argument("--out", default="results")
-    parser.add_argument("--repeats", type=int, default=REPEATS)
-    args = parser.parse_args(argv)
-    run(args.preset, args.out, args.repeats)
-    return 0
+def result_text(out_dir: str, preset: str) -> str:
+    df = pd.read_csv(path(out_dir, "deps_time.csv", preset))
+    piv = df.pivot_table(index=["workload", "lengths"], columns="phase", values="seconds", sort=False) * 1e3
+    return "ms per phase (median)\n" + piv[list(PHASES) + ["total"]].to_string(float_format=lambda v: f"{v:.1f}")
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main("deps_time", __doc__))

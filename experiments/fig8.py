@@ -1,6 +1,7 @@
 """Figure 8: scaling of the stacked LSTM, the dilated RNN and the grid RNN with depth and with
 sequence length, for the "middle" and the "large" model, every system side by side
-(experiments/measure.py). Plot: results/fig8.png; depth ratios: results/depth_scaling.csv.
+(experiments/measure.py). Plot: results/fig8_<preset>.png; depth ratios:
+results/depth_scaling_<preset>.csv.
 
     --paper  batch 256, hidden 256 ("middle") and 1024 ("large"); depth 1, 4, ..., 32 at
              length 64 (dilated RNN: 1..6 layers, dilations 1..32; grid RNN: a 10 x 10 grid);
@@ -9,12 +10,15 @@ sequence length, for the "middle" and the "large" model, every system side by si
              depth 1..8 (dilated 1..4) at length 16 (grid 4 x 4), length 8, 16, 32 at depth 4
              (grid sides 4, 8, 16)
 
-Writes results/fig8.csv with columns model, panel (depth | seq_len), depth, seq_len.
+Writes results/fig8_<preset>.csv with columns model, panel (depth | seq_len), depth, seq_len.
 """
 from __future__ import annotations
 
-from .common import main
-from .measure import Point, sweep
+import pandas as pd
+
+from .common import path
+from .measure import Point, sweep, times_table
+from .reproduce import main
 
 CONFIG = {
     "quick": dict(N=8, hidden={"middle": 64, "large": 256},
@@ -50,9 +54,14 @@ def points(preset: str) -> list:
     return out
 
 
-def run(preset: str = "quick", out_dir: str = "results"):
-    return sweep("fig8", points(preset), preset, out_dir)
+def run(preset: str = "quick", out_dir: str = "results", resume: bool = False) -> pd.DataFrame:
+    return sweep("fig8", points(preset), preset, out_dir, resume=resume)
+
+
+def result_text(out_dir: str, preset: str) -> str:
+    df = pd.read_csv(path(out_dir, "fig8.csv", preset))
+    return times_table(df, ["model", "panel", "workload", "depth", "seq_len"])
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(run, __doc__))
+    raise SystemExit(main("fig8", __doc__))

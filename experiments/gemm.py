@@ -10,7 +10,9 @@ with the micro-kernel chosen for this CPU and with the portable 4 x 1 one, besid
 matmul of the same matrices on one thread. Results are checked against numpy before timing.
 
 `gflops` is 2 * multiply-adds / median seconds; `of_fma_peak` its fraction of the FMA probe.
-Writes results/gemm.csv.
+Writes results/gemm_<preset>.csv.
+
+    python -m polyft.experiments.gemm [--quick | --paper] [--out DIR] [--resume]
 """
 from __future__ import annotations
 
@@ -27,7 +29,8 @@ from polyft.emit.c_target import micro_kernel
 from polyft.emit.targets import TARGETS
 from polyft.testing import rel_error
 
-from .common import main, meta
+from .common import meta, path, sweep
+from .reproduce import main
 
 REPEATS = {"quick": 21, "paper": 51}
 SHAPES = {"quick": [(256, 1, 256), (16, 64, 256)], "paper": [(256, 1, 256), (16, 64, 256), (256, 1, 1024)]}
@@ -99,49 +102,55 @@ def _torch_same(arrays, numpy_fn):
     return lambda: numpy_fn(*flat)
 
 
-def run(preset: str = "quick", out_dir: str = "results") -> pd.DataFrame:
+def run(preset: str = "quick", out_dir: str = "results", resume: bool = False) -> pd.DataFrame:
     import torch
     torch.set_num_threads(1)
     repeats = REPEATS[preset]
-    info = meta()
+    info = dict(preset=preset, **meta())
     chosen = micro_kernel(runtime_c.native_features())
     kernels = [chosen] + [k for k in [(4, 1)] if k != chosen]
     peak, lib_peak = fma_peak(), torch_peak()
-    rows = []
     target = TARGETS["c"][0]
-    for M, P, H in SHAPES[preset]:
-        for name, fn, make, ref, products in _programs():
-            rng = np.random.default_rng(M * P + H)
-            inputs = make(M, P, H, rng)
-            arrays = [x.to_numpy() if isinstance(x, ft.FractalTensor) else x for x in inputs]
-            expected = ref(*arrays)
-            flops = 2.0 * products * M * P * H * H
-            common = dict(product=name, M=M, P=P, H=H, threads=1, peak_fma_gflops=round(peak, 1),
-                          peak_torch_gflops=round(lib_peak, 1), **info)
-            systems = []
-            for kernel in kernels:
-                target.kernel = kernel
-                try:
-                    prog = ft.compile(fn, *inputs)
-                finally:
-                    target.kernel = None
-                prog.threads.fixed = 1
-                go, _ = prog.bind(*inputs)
-                label = f"polyft-c {kernel[0]}x{16 * kernel[1]}" + (" (chosen)" if kernel == chosen else "")
-                systems.append((label, go, lambda prog=prog: prog(*inputs).to_numpy()))
-            t_run = _torch_same(arrays, ref)
-            systems.append(("torch-mm", t_run, lambda: t_run().numpy().reshape(expected.shape)))
-            for label, go, result in systems:
-                go()
-                err = rel_error(result(), expected)
-                if not err < 1e-4:
-                    raise AssertionError(f"{label} on {name} M={M} P={P} H={H}: rel error {err:.2e}")
-                seconds = _best(go, repeats)
-                rows.append(dict(common, system=label, seconds=seconds, gflops=flops / seconds / 1e9,
-                                 of_fma_peak=flops / seconds / 1e9 / peak, rel_error=err))
-    df = pd.DataFrame(rows)
-    df.to_csv(f"{out_dir}/gemm.csv", index=False)
-    return df
+
+    def point(p) -> list:
+        (M, P, H), (name, fn, make, ref, products) = p
+        rng = np.random.default_rng(M * P + H)
+        inputs = make(M, P, H, rng)
+        arrays = [x.to_numpy() if isinstance(x, ft.FractalTensor) else x for x in inputs]
+        expected = ref(*arrays)
+        flops = 2.0 * products * M * P * H * H
+        common = dict(product=name, M=M, P=P, H=H, threads=1, peak_fma_gflops=round(peak, 1),
+                      peak_torch_gflops=round(lib_peak, 1), **info)
+        systems = []
+        for kernel in kernels:
+            target.kernel = kernel
+            try:
+                prog = ft.compile(fn, *inputs)
+            finally:
+                target.kernel = None
+            prog.threads.fixed = 1
+            go, _ = prog.bind(*inputs)
+            label = f"polyft-c {kernel[0]}x{16 * kernel[1]}" + (" (chosen)" if kernel == chosen else "")
+            systems.append((label, go, lambda prog=prog: prog(*inputs).to_numpy()))
+        t_run = _torch_same(arrays, ref)
+        systems.append(("torch-mm", t_run, lambda: t_run().numpy().reshape(expected.shape)))
+        rows = []
+        for label, go, result in systems:
+            go()
+            err = rel_error(result(), expected)
+            if not err < 1e-4:
+                raise AssertionError(f"{label} on {name} M={M} P={P} H={H}: rel error {err:.2e}")
+            seconds = _best(go, repeats)
+            rows.append(dict(common, system=label, seconds=seconds, gflops=flops / seconds / 1e9,
+                             of_fma_peak=flops / seconds / 1e9 / peak, rel_error=err))
+        return rows
+    points = [(shape, program) for shape in SHAPES[preset] for program in _programs()]
+    return sweep("gemm", preset, out_dir, points, point, resume=resume,
+                 key=lambda p: dict(product=p[1][0], M=p[0][0], P=p[0][1], H=p[0][2]))
+
+
+def result_text(out_dir: str, preset: str) -> str:
+    return table(pd.read_csv(path(out_dir, "gemm.csv", preset)))
 
 
 def table(df: pd.DataFrame) -> str:
@@ -154,6 +163,4 @@ def table(df: pd.DataFrame) -> str:
 
 
 if __name__ == "__main__":
-    def _run(preset, out_dir):
-        print(table(run(preset, out_dir)))
-    raise SystemExit(main(_run, __doc__))
+    raise SystemExit(main("gemm", __doc__))

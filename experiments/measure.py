@@ -45,7 +45,7 @@ from polyft.testing import rel_error
 from polyft.workloads import get
 from polyft.workloads import sizes as full_sizes
 
-from . import baselines
+from . import baselines, common
 from .common import cpu_name, meta
 from .deps_time import lengths
 
@@ -284,26 +284,28 @@ class Point:
     extra: dict = field(default_factory=dict)
 
 
-def sweep(name: str, points: list, preset: str, out_dir: str, repeats: int | None = None) -> pd.DataFrame:
-    """Measure every point, print a progress line per point, write <out_dir>/<name>.csv.
-    Raises after writing when a system disagreed with the reference."""
-    info, rows = meta(), []
-    t0 = time.perf_counter()
-    for n, p in enumerate(points, 1):
-        new = measure(p.workload, p.sizes, preset, repeats, extra=p.extra, info=info)
-        rows += new
-        ran = [f"{r['system']} {r['seconds'] * 1e3:.1f}" for r in new if r["status"] == "ok"]
-        bad = [f"{r['system']} {r['status']}" for r in new if r["status"].startswith("wrong")]
-        print(f"[{name} {n}/{len(points)} {time.perf_counter() - t0:5.0f} s] {p.workload} {shape_string(p.sizes)}: "
-              + ", ".join(ran) + " ms" + ("  WRONG: " + "; ".join(bad) if bad else ""), flush=True)
-    df = pd.DataFrame(rows)
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, f"{name}.csv")
-    df.to_csv(path, index=False)
-    absent = sorted({r["system"] for r in rows if r["status"] != "ok"})
-    print(f"wrote {path} ({len(df)} rows; not measured here: {', '.join(absent) or 'none'})", flush=True)
+def sweep(name: str, points: list, preset: str, out_dir: str, repeats: int | None = None,
+          resume: bool = False) -> pd.DataFrame:
+    """Measure every point (common.sweep: <out_dir>/<name>_<preset>.csv written after each point,
+    a progress bar, --resume). Raises after writing when a system disagreed with the reference."""
+    info = meta()
+    df = common.sweep(name, preset, out_dir, points,
+                      lambda p: measure(p.workload, p.sizes, preset, repeats, extra=p.extra, info=info),
+                      key=lambda p: dict(workload=p.workload, shape=shape_string(p.sizes), **p.extra), resume=resume)
     wrong = df[df["status"].str.startswith("wrong")]
     if len(wrong):
         raise AssertionError(f"{name}: {len(wrong)} systems disagree with the reference:\n"
                              + wrong[["workload", "shape", "system", "status"]].to_string(index=False))
     return df
+
+
+def times_table(df: pd.DataFrame, index: list) -> str:
+    """A sweep's CSV as text: median ms per point (rows: `index`) and system (columns: those
+    measured here), then the systems that were not."""
+    ok = df[df["status"] == "ok"]
+    order = list(dict.fromkeys(ok["system"]))
+    piv = ok.pivot_table(index=index, columns="system", values="seconds", sort=False)[order] * 1e3
+    absent = [s for s in dict.fromkeys(df["system"]) if s not in order]
+    return (f"median ms per system ({len(ok)} measurements)\n"
+            + piv.to_string(float_format=lambda v: f"{v:.2f}", na_rep="-")
+            + (f"\nnot measured here: {', '.join(absent)}" if absent else ""))

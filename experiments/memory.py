@@ -32,17 +32,17 @@ traffic.traffic on the ETDG as traced, every intermediate through DRAM) at the s
 largest_intermediate names the intermediate with the most bytes (shared, or per thread if
 local) and its cells.
 
---quick and --paper both analyse both shapes (fast). Writes results/memory.csv (one row per
-workload and shape; `preset` names the workload preset of the shape, small or paper; with
-device, commit and date).
+--quick and --paper both analyse both shapes (fast). Writes results/memory_<preset>.csv (one
+row per workload and shape; `preset` names the workload preset of the shape, small or paper;
+with device, commit and date).
 
 --paper also *runs* flash attention compiled in C at a shape whose uncontracted buffers would
 not fit this machine's memory (LARGE: B=8, NH=16, Lq=Lk=4096, tiles of [32, 128]: 36 GB
 uncontracted, 1.07 GB of inputs and outputs), checked against torch's
 scaled_dot_product_attention and timed beside it (median of 2 runs each, all cores) with the
-process's peak resident memory: results/memory_large.csv.
+process's peak resident memory: results/memory_large_paper.csv.
 
-    python -m polyft.experiments.memory [--quick | --paper] [--out results]
+    python -m polyft.experiments.memory [--quick | --paper] [--out DIR] [--resume]
 """
 from __future__ import annotations
 
@@ -58,8 +58,9 @@ from polyft.deps.traffic import code_traffic, traffic
 from polyft.testing import rel_error
 from polyft.workloads import WORKLOADS, flash_attention, get
 
-from .common import main, meta
+from .common import meta, path, sweep
 from .deps_time import lengths
+from .reproduce import main
 
 SHAPES = ("small", "paper")
 COLUMNS = ["workload", "preset", "shape", "lengths", "io_bytes", "intermediate_full_bytes",
@@ -135,10 +136,10 @@ def _median_seconds(fn, repeats: int = 2) -> tuple:
     return statistics.median(times), out
 
 
-def large_flash_attention(out_dir: str) -> pd.DataFrame:
-    """Flash attention at LARGE compiled in C (contracted) against SDPA: memory, time, error."""
+def large_flash_attention(s: dict) -> dict:
+    """Flash attention at sizes `s` (LARGE) compiled in C (contracted) against SDPA: one row of
+    memory, time, error."""
     import torch
-    s = LARGE
     lengths_ = {"B": s["B"], "NH": s["NH"], "TQ": s["Lq"] // s["tq"], "TK": s["Lk"] // s["tk"]}
     prog = ft.compile(flash_attention.program, *flash_attention.specs("paper", **s))
     mem = prog.memory(lengths_)
@@ -153,40 +154,43 @@ def large_flash_attention(out_dir: str) -> pd.DataFrame:
         sdpa, ref = _median_seconds(lambda: torch.nn.functional.scaled_dot_product_attention(Q, K, V))
     err = rel_error(out.to_numpy().reshape(ref.shape), ref.numpy())
     io = int(mem.loc[mem["role"] != "intermediate", "full_bytes"].sum())
-    df = pd.DataFrame([dict(workload="flash_attention", shape=_text(s), io_bytes=io,
-                            total_full_bytes=int(mem["full_bytes"].sum()),
-                            total_allocated_bytes=int(mem["allocated_bytes"].sum()) + os.cpu_count() * per_thread(mem),
-                            local_bytes_per_thread=per_thread(mem),
-                            peak_rss_bytes=int(peak * 2**20), machine_bytes=_machine_bytes(),
-                            seconds_polyft_c=seconds, seconds_torch_sdpa=sdpa, rel_error_vs_sdpa=err,
-                            threads=os.cpu_count(), torch_threads=torch.get_num_threads(), **meta())])
-    path = os.path.join(out_dir, "memory_large.csv")
-    df.to_csv(path, index=False)
-    print(df.drop(columns=list(meta())).to_string(index=False))
-    print(f"wrote {path}")
-    return df
+    return dict(workload="flash_attention", shape=_text(s), io_bytes=io, total_full_bytes=int(mem["full_bytes"].sum()),
+                total_allocated_bytes=int(mem["allocated_bytes"].sum()) + os.cpu_count() * per_thread(mem),
+                local_bytes_per_thread=per_thread(mem), peak_rss_bytes=int(peak * 2**20),
+                machine_bytes=_machine_bytes(), seconds_polyft_c=seconds, seconds_torch_sdpa=sdpa,
+                rel_error_vs_sdpa=err, threads=os.cpu_count(), torch_threads=torch.get_num_threads(), **meta())
 
 
 def _machine_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def run(preset: str = "quick", out_dir: str = "results") -> pd.DataFrame:
+def run(preset: str = "quick", out_dir: str = "results", resume: bool = False) -> pd.DataFrame:
     """Both shapes of every workload (whatever the preset: the analysis never runs the program);
-    write `out_dir`/memory.csv and return it; with preset "paper" also the LARGE flash attention
-    run (memory_large.csv)."""
+    write `out_dir`/memory_<preset>.csv and return it; with preset "paper" also the LARGE flash
+    attention run (memory_large_paper.csv)."""
     info = meta()
-    df = pd.DataFrame([measure(name, shape) for shape in SHAPES for name in WORKLOADS])[COLUMNS]
-    for k, v in info.items():
-        df[k] = v
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, "memory.csv")
-    df.to_csv(path, index=False)
-    print(table(df))
-    print(f"wrote {path}")
+
+    def point(p) -> list:
+        row = measure(p[1], p[0])
+        return [dict({c: row[c] for c in COLUMNS}, **info)]
+    df = sweep("memory", preset, out_dir, [(shape, name) for shape in SHAPES for name in WORKLOADS], point,
+               resume=resume, key=lambda p: {"workload": p[1], "preset": p[0]})
     if preset == "paper":
-        large_flash_attention(out_dir)
+        sweep("memory_large", preset, out_dir, [LARGE], lambda s: [large_flash_attention(s)], resume=resume,
+              key=lambda s: {"workload": "flash_attention", "shape": _text(s)})
     return df
+
+
+def result_text(out_dir: str, preset: str) -> str:
+    df = pd.read_csv(path(out_dir, "memory.csv", preset)).fillna({"largest_intermediate": "",
+                                                                  "largest_intermediate_cells": ""})
+    text = table(df)
+    large = path(out_dir, "memory_large.csv", preset)
+    if preset == "paper" and os.path.exists(large):
+        text += "\nflash attention beyond this machine's memory, compiled in C:\n" + \
+            pd.read_csv(large).drop(columns=list(meta())).to_string(index=False)
+    return text
 
 
 def table(df: pd.DataFrame) -> str:
@@ -209,4 +213,4 @@ def table(df: pd.DataFrame) -> str:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(run, __doc__))
+    raise SystemExit(main("memory", __doc__))

@@ -1,11 +1,13 @@
-"""Plots and derived tables, drawn only from the CSVs in results/ (never from memory):
+"""Plots and derived tables, drawn only from one preset's CSVs in results/ (never from memory).
+Every file read and written carries the preset in its name (registry.tagged: fig7_quick.csv ->
+fig7_quick.png), so a --paper run never reads a quick CSV nor overwrites a quick plot:
 
 * fig2.png    Figure 2: time against depth, stacked RNN and stacked LSTM, one line per system
 * fig7.png    Figure 7: time per workload and system (bars, log scale), polyft's speedup over
               the best baseline written above each workload; the speedups: fig7_speedup.csv
 * fig8.png    Figure 8: stacked LSTM, dilated RNN, grid RNN against depth and sequence length,
               "middle" and "large" models
-* table7.png  Table 7 (model): GB moved with deferred vs materialised views per workload
+* table7.png  Table 7 (model): GB moved with deferred vs materialised views per workload (log)
 * memory.png  memory before vs after storage contraction per workload, relative to inputs +
               outputs (log), paper shape and small shape
 * depth_scaling.csv  time(deepest) / time(depth 1) per system, from fig2 and fig8's depth
@@ -14,42 +16,47 @@
               the paper's baselines at depth 20: cuDNN 12.99, TVM 16.65, PyTorch JIT 20.94,
               TF AutoGraph 21.20)
 
-A CSV that is missing is skipped with a message. Only rows with status "ok" are drawn; the
-other systems (absent here) are named in a note under each figure.
+PLOT_SOURCES says which artefacts' CSVs each file is drawn from; run(..., artefacts) redraws only
+the files of the named artefacts, and an output none of whose CSVs exists is skipped. Only rows
+with status "ok" are drawn; the other systems (absent here) are named in a note under each figure.
 
-    python -m polyft.experiments.plot [--out results]
+    python -m polyft.experiments.plot [--quick | --paper] [--out results] [ARTEFACT ...]
 """
 from __future__ import annotations
 
 import argparse
 import os
+import zlib
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from matplotlib.ticker import FuncFormatter, NullFormatter  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from .registry import write_index  # noqa: E402
-from .table7 import PAPER_DRAM  # noqa: E402
+from .common import preset as preset_of, preset_args  # noqa: E402
+from .registry import ARTEFACTS, tagged, write_index  # noqa: E402
+from .paper import PAPER_DRAM  # noqa: E402
 
-# one colour and marker per system, the same in every figure (polyft's own systems in red/blue)
+# one colour and marker per system, the same in every figure and legend order (polyft's own systems
+# in red/blue; a torch baseline's -cuda variant: a darker shade, dashed, same marker)
 STYLE = {
     "c-auto": ("tab:red", "o", "-"), "c-original": ("tab:blue", "s", "--"), "c-auto-1thread": ("salmon", "o", ":"),
     "polyft-cuda-auto": ("darkred", "o", "-"), "polyft-cuda-original": ("navy", "s", "--"),
     "numpy-eager": ("tab:gray", "x", ":"),
     "torch-cell-loop": ("tab:orange", "^", "-"), "torch-nn-lstm": ("tab:green", "D", "-"),
-    "torch-matmul": ("tab:orange", "^", "-"), "torch-sdpa": ("tab:orange", "^", "-"),
-    "torch-blocked": ("tab:orange", "^", "-"),
-    "torch-cell-loop-cuda": ("tab:brown", "v", "-"), "torch-nn-lstm-cuda": ("darkgreen", "D", "-"),
-    "torch-matmul-cuda": ("tab:brown", "v", "-"), "torch-sdpa-cuda": ("tab:brown", "v", "-"),
-    "torch-blocked-cuda": ("tab:brown", "v", "-"), "torch-compile-cuda": ("tab:purple", "P", "-"),
+    "torch-matmul": ("goldenrod", "v", "-"), "torch-sdpa": ("tab:cyan", "<", "-"),
+    "torch-blocked": ("tab:pink", ">", "-"),
+    "torch-cell-loop-cuda": ("tab:brown", "^", "--"), "torch-nn-lstm-cuda": ("darkgreen", "D", "--"),
+    "torch-matmul-cuda": ("darkgoldenrod", "v", "--"), "torch-sdpa-cuda": ("teal", "<", "--"),
+    "torch-blocked-cuda": ("mediumvioletred", ">", "--"), "torch-compile-cuda": ("tab:purple", "P", "-"),
     "triton": ("tab:olive", "*", "-"),
-    "linear in depth (from c-auto)": ("black", "", ":"),
-    "linear in depth (from polyft-cuda-auto)": ("black", "", ":"),
 }
+# for systems STYLE does not know: picked by a checksum of the name, so stable across figures and runs
+_SPARE = [(c, m) for m in "oshpX*" for c in ("black", "indigo", "lime", "maroon", "deepskyblue", "sienna")]
 OURS = ("polyft-cuda-auto", "c-auto")  # the system reported as polyft, first one present
 NOT_BASELINES = ("numpy-eager", "c-", "polyft-")  # eager numpy is the reference, not a baseline
 TITLES = {"stacked_rnn": "stacked RNN", "stacked_lstm": "stacked LSTM", "dilated_rnn": "dilated RNN",
@@ -58,15 +65,17 @@ TITLES = {"stacked_rnn": "stacked RNN", "stacked_lstm": "stacked LSTM", "dilated
 
 
 def _style(system):
-    return STYLE.get(system, ("black", ".", "-"))
+    """(colour, marker, line style) of a system: STYLE's, else one of _SPARE by crc32 (not hash(),
+    which changes from run to run)."""
+    if system in STYLE:
+        return STYLE[system]
+    color, marker = _SPARE[zlib.crc32(system.encode()) % len(_SPARE)]
+    return color, marker, "-."
 
 
 def _read(out_dir, name):
     path = os.path.join(out_dir, name)
-    if not os.path.exists(path):
-        print(f"[plot] no {path}: skipped")
-        return None
-    return pd.read_csv(path)
+    return pd.read_csv(path) if os.path.exists(path) else None
 
 
 def _ok(df):
@@ -110,15 +119,15 @@ def _wrap(text, width):
 
 def _log_y(ax):
     """Log time axis labelled with plain numbers (1, 10, 100), no minor labels."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
     ax.set_yscale("log")
     ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.yaxis.set_minor_formatter(NullFormatter())
 
 
-def _lines(ax, df, x):
-    """One line per system: median time (ms) against column x, min-max as error bars."""
+def _lines(ax, df, x, log2=False):
+    """One line per system: median time (ms) against column x (log2 axis if log2), min-max as
+    error bars."""
     for system, g in _ok(df).groupby("system", sort=False):
         g = g.sort_values(x)
         color, marker, ls = _style(system)
@@ -134,22 +143,24 @@ def _lines(ax, df, x):
         ax.plot(g[x], t0 * g[x] / d0, color="black", ls=(0, (1, 3)), lw=1, label=f"linear in depth (from {ours})")
     _log_y(ax)
     ax.grid(True, which="both", alpha=0.3)
+    if log2:
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xticks(sorted(set(df[x])))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
 
 
 def _legend(fig, axes, y=0.955, ncol=6):
-    """One legend for the figure; systems drawn alike (the torch baselines of different
-    workloads) share one entry, their names joined."""
+    """One legend for the figure, one entry per system drawn in any panel, in STYLE's order so
+    that every figure lists the systems alike (others, e.g. the linear reference, last)."""
     handles = {}
     for ax in np.ravel(axes):
         for h, lab in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(lab, h)
-    merged = {}
-    for lab, h in handles.items():
-        merged.setdefault(_style(lab), []).append((lab, h))
-    labels = [" / ".join(lab for lab, _ in group) for group in merged.values()]
-    fig.legend([group[0][1] for group in merged.values()], labels, loc="upper center",
-               ncol=min(len(labels), ncol), fontsize=8, frameon=False, bbox_to_anchor=(0.5, y))
+    order = list(STYLE)
+    labels = sorted(handles, key=lambda lab: order.index(lab) if lab in order else len(order))
+    return fig.legend([handles[lab] for lab in labels], labels, loc="upper center", ncol=min(len(labels), ncol),
+                      fontsize=8, frameon=False, bbox_to_anchor=(0.5, y))
 
 
 def _common_shape(g, drop) -> str:
@@ -159,7 +170,9 @@ def _common_shape(g, drop) -> str:
     return " ".join(f"{k}={shapes[0][k]}" for k in keys)
 
 
-def plot_fig2(df, out_dir) -> str:
+def draw_fig2(df) -> Figure:
+    """Figure 2; depth on a linear axis: the sweep steps by 4 layers (1, 4, 8, ..., 32), which
+    a log2 axis would crowd at the deep end."""
     workloads = list(dict.fromkeys(df["workload"]))
     fig, axes = plt.subplots(1, len(workloads), figsize=(5.2 * len(workloads), 4.4), squeeze=False)
     for ax, w in zip(axes[0], workloads):
@@ -172,35 +185,37 @@ def plot_fig2(df, out_dir) -> str:
     _legend(fig, axes, y=0.94)
     _footer(fig, df)
     fig.tight_layout(rect=(0, 0.08, 1, 0.9))
-    return _save(fig, out_dir, "fig2.png")
+    return fig
 
 
-def plot_fig8(df, out_dir) -> str:
-    workloads = list(dict.fromkeys(df["workload"]))
-    cols = [(m, p) for m in dict.fromkeys(df["model"]) for p in ("depth", "seq_len")]
-    fig, axes = plt.subplots(len(workloads), len(cols), figsize=(3.6 * len(cols), 2.9 * len(workloads) + 1.0),
-                             squeeze=False)
-    for r, w in enumerate(workloads):
-        for c, (model, panel) in enumerate(cols):
-            ax = axes[r][c]
+def draw_fig8(df) -> Figure:
+    """Figure 8, one row per workload and model size: time against depth beside time against
+    sequence length, the two sharing the row's y axis (one model's times, so the sweeps compare
+    by height). Both x axes are log2 because both sweeps double (depth 1-2-4-8, length 8-16-32,
+    grid side 4-8-16): their points sit evenly, and with the log time axis a growth like n^k is
+    a line of slope k in either panel (the linear-in-depth reference: slope 1)."""
+    rows = [(w, m) for w in dict.fromkeys(df["workload"]) for m in dict.fromkeys(df["model"])]
+    height = 2.5 * len(rows) + 1.3
+    fig, axes = plt.subplots(len(rows), 2, figsize=(9, height), sharey="row", squeeze=False)
+    for (w, model), row in zip(rows, axes):
+        for ax, panel in zip(row, ("depth", "seq_len")):
             g = df[(df["workload"] == w) & (df["model"] == model) & (df["panel"] == panel)]
             if g.empty:
                 ax.set_visible(False)
                 continue
-            _lines(ax, g, panel)
+            _lines(ax, g, panel, log2=True)
             swept = ["D"] if panel == "depth" else ["L", "L1", "L2"]
-            ax.set_title(f"{TITLES.get(w, w)}, {model}\n{_common_shape(g, swept)}", fontsize=8.5)
-            ax.set_xlabel("stack depth (layers)" if panel == "depth" else
-                          ("grid side L1 = L2" if w == "grid_rnn" else "sequence length"), fontsize=8)
-            if c == 0:
-                ax.set_ylabel("time (ms, log)", fontsize=8)
+            ax.set_title(f"{TITLES.get(w, w)}, {model}: {_common_shape(g, swept)}", fontsize=8.5)
+            ax.set_xlabel("stack depth (layers, log2)" if panel == "depth" else
+                          ("grid side L1 = L2 (log2)" if w == "grid_rnn" else "sequence length (log2)"), fontsize=8)
             ax.tick_params(labelsize=7.5)
+        row[0].set_ylabel("time (ms, log)", fontsize=8)
     fig.suptitle("Figure 8: scaling with depth and sequence length (\"middle\" and \"large\" models)",
-                 fontsize=11, y=0.997)
-    _legend(fig, axes, y=0.975)
+                 fontsize=11, y=1 - 0.1 / height)
+    _legend(fig, axes, y=1 - 0.4 / height, ncol=5)
     _footer(fig, df)
-    fig.tight_layout(rect=(0, 0.035, 1, 0.955))
-    return _save(fig, out_dir, "fig8.png")
+    fig.tight_layout(rect=(0, 0.5 / height, 1, 1 - 0.6 / height))
+    return fig
 
 
 def speedups(df) -> pd.DataFrame:
@@ -218,7 +233,8 @@ def speedups(df) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def plot_fig7(df, out_dir) -> list:
+def draw_fig7(df) -> Figure:
+    """Figure 7: bars per workload and system, one legend entry and colour per system."""
     ok = _ok(df)
     workloads = list(dict.fromkeys(df["workload"]))
     order = list(dict.fromkeys(ok["system"]))
@@ -252,37 +268,40 @@ def plot_fig7(df, out_dir) -> list:
     fig.suptitle("Figure 7: end-to-end time per workload and system; above each workload: polyft's speedup "
                  "over the fastest baseline\n(eager numpy is the reference, not a baseline; <1x means the "
                  "baseline is faster)", fontsize=10, y=0.995)
-    _legend(fig, [ax], y=0.925, ncol=5)
+    rows = -(-len(_legend(fig, [ax], y=0.93, ncol=7).get_texts()) // 7)  # 3 where a GPU measured all 18
     _footer(fig, df)
-    fig.subplots_adjust(left=0.06, right=0.99, top=0.865, bottom=0.22)
-    sp_path = os.path.join(out_dir, "fig7_speedup.csv")
-    sp.to_csv(sp_path, index=False)
-    return [_save(fig, out_dir, "fig7.png"), sp_path]
+    fig.subplots_adjust(left=0.06, right=0.99, top=0.915 - 0.037 * rows, bottom=0.22)
+    return fig
 
 
-def plot_table7(df, out_dir) -> str:
+def draw_table7(df) -> Figure:
+    """Table 7's model as bars on a log axis with the GB written on every bar: the workloads span
+    three orders of magnitude (b2b GEMMs' 0.017 GB beside flash attention's 6.5 GB), so at linear
+    scale the small ones would not show."""
     piv = df.pivot_table(index="workload", columns="plan", values="GB", sort=False)
-    fig, ax = plt.subplots(figsize=(9, 4.2))
+    fig, ax = plt.subplots(figsize=(9, 4.4))
     x = np.arange(len(piv))
     for k, (plan, color) in enumerate((("deferred", "tab:red"), ("materialised", "tab:gray"))):
-        ax.bar(x + (k - 0.5) * 0.38, piv[plan], 0.36, label=f"{plan} views", color=color)
+        bars = ax.bar(x + (k - 0.5) * 0.38, piv[plan], 0.36, label=f"{plan} views", color=color)
+        ax.bar_label(bars, labels=[f"{v:.3g}" for v in piv[plan]], fontsize=6.5, padding=1)
     for i, (w, r) in enumerate(piv.iterrows()):
-        ax.text(i, max(r) + piv.values.max() * 0.015, f"{r['materialised'] / r['deferred']:.2f}x", ha="center",
-                va="bottom", fontsize=8)
+        ax.text(i, max(r) * 2.2, f"{r['materialised'] / r['deferred']:.2f}x", ha="center", va="bottom",
+                fontsize=8)
     ax.set_xticks(x)
     ax.set_xticklabels([TITLES.get(w, w) + ("\n(Table 7)" if w in ("bigbird", "flash_attention") else "")
                         for w in piv.index], fontsize=8)
-    ax.set_ylabel("GB moved (model)")
-    ax.set_ylim(top=piv.values.max() * 1.12)
-    ax.legend(fontsize=8)
+    _log_y(ax)
+    ax.set_ylabel("GB moved (model, log)")
+    ax.set_ylim(piv.values.min() * 0.3, piv.values.max() * 8)
+    ax.legend(fontsize=8, loc="upper left")
     paper = "; ".join(f"{TITLES[w]}: " + ", ".join(f"{k} {v / d['FractalTensor']:.2f}x" for k, v in d.items()
                                                    if k != "FractalTensor") for w, d in PAPER_DRAM.items())
-    ax.set_title("Table 7 (model): bytes moved with deferred vs materialised views, paper shapes; ratio "
+    ax.set_title("Table 7 (model): GB moved with deferred vs materialised views, paper shapes, on each bar; ratio "
                  "materialised / deferred\nabove each workload (ideal cache, float32). The paper's measured "
                  "A100 DRAM bytes relative to FractalTensor:\n" + paper, fontsize=8.5)
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
-    return _save(fig, out_dir, "table7.png")
+    return fig
 
 
 def _bytes(n) -> str:
@@ -293,7 +312,7 @@ def _bytes(n) -> str:
     return f"{int(n)} B"
 
 
-def plot_memory(df, out_dir) -> str:
+def draw_memory(df) -> Figure:
     """Per workload, total bytes (inputs + outputs + intermediates) with one element per
     instance and as contracted, relative to inputs + outputs (log), one panel per shape."""
     shapes = [p for p in ("paper", "small") if (df["preset"] == p).any()]
@@ -329,14 +348,14 @@ def plot_memory(df, out_dir) -> str:
              f"{', '.join(sorted(set(df['commit'].astype(str))))}; static analysis (prog.memory), nothing executed",
              fontsize=6.5, va="bottom", ha="left", color="dimgray")
     fig.tight_layout(rect=(0, 0.03, 1, 0.93))
-    return _save(fig, out_dir, "memory.png")
+    return fig
 
 
-def depth_scaling(frames: dict) -> pd.DataFrame:
+def depth_scaling(fig2=None, fig8=None) -> pd.DataFrame:
     """time(deepest) / time(shallowest) per (artefact, workload, model, system), from the
-    depth sweeps (fig2; fig8's depth panels)."""
+    depth sweeps (fig2; fig8's depth panels), either of which may be missing (None)."""
     rows = []
-    for artefact, df in frames.items():
+    for artefact, df in (("fig2", fig2), ("fig8", fig8)):
         if df is None:
             continue
         df = _ok(df)
@@ -357,46 +376,104 @@ def depth_scaling(frames: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _save(fig, out_dir, name) -> str:
-    path = os.path.join(out_dir, name)
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
+# every file this script writes (untagged name) -> the artefacts whose CSVs it is made from, and
+# the function making it from those CSVs (in that order; None for a missing one): a Figure or a table
+_OUTPUTS = {
+    "fig2.png": (("fig2",), draw_fig2),
+    "fig7.png": (("fig7",), draw_fig7),
+    "fig7_speedup.csv": (("fig7",), speedups),
+    "fig8.png": (("fig8",), draw_fig8),
+    "table7.png": (("table7",), draw_table7),
+    "memory.png": (("memory",), draw_memory),
+    "depth_scaling.csv": (("fig2", "fig8"), depth_scaling),
+}
+PLOT_SOURCES = {name: sources for name, (sources, _) in _OUTPUTS.items()}
+# the derived tables summary() shows: caption, columns (None: all), number format
+_TABLES = {
+    "fig7_speedup.csv": ("fig7: polyft's speedup over the fastest baseline (not eager numpy) per workload",
+                         None, "{:.4g}"),
+    "depth_scaling.csv": ("depth scaling: time(deepest) / time(depth 1); linear growth would be depth_max "
+                          "(paper's baselines at depth 20: cuDNN 12.99, TVM 16.65, PyTorch JIT 20.94, TF 21.20)",
+                          ["artefact", "workload", "model", "system", "depth_max", "ratio", "ratio_at_20"], "{:.2f}"),
+}
 
 
-def run(out_dir: str = "results") -> list:
-    """Draw every plot whose CSV exists; write the derived CSVs; return the files written."""
+def _wanted(artefacts) -> list:
+    """The outputs (untagged names) made from the named artefacts' CSVs; all for None."""
+    if artefacts is None:
+        return list(_OUTPUTS)
+    unknown = sorted(set(artefacts) - set(ARTEFACTS))
+    if unknown:
+        raise ValueError(f"unknown artefacts {unknown}; known: {', '.join(ARTEFACTS)}")
+    return [name for name, (sources, _) in _OUTPUTS.items() if set(sources) & set(artefacts)]
+
+
+def _made(out_dir, preset, names):
+    """(name, Figure or DataFrame) for each output in names of which at least one source CSV of
+    this preset exists, made one at a time (so each figure can be closed before the next)."""
+    frames = {}
+    for name in names:
+        sources, make = _OUTPUTS[name]
+        for a in sources:
+            if a not in frames:
+                frames[a] = _read(out_dir, tagged(f"{a}.csv", preset))
+        dfs = [frames[a] for a in sources]
+        if any(df is not None for df in dfs):
+            yield name, make(*dfs)
+
+
+def run(out_dir: str = "results", preset: str = "quick", artefacts=None) -> list:
+    """Draw the plots and write the derived CSVs of the named artefacts (all for None) from this
+    preset's CSVs in out_dir, as tagged files there; returns the paths written. Prints nothing:
+    summary() has the derived tables."""
     written = []
-    fig2, fig7, fig8, table7, memory = (_read(out_dir, f"{n}.csv") for n in ("fig2", "fig7", "fig8", "table7",
-                                                                              "memory"))
-    if fig2 is not None:
-        written.append(plot_fig2(fig2, out_dir))
-    if fig7 is not None:
-        written += plot_fig7(fig7, out_dir)
-        print(speedups(fig7).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    if fig8 is not None:
-        written.append(plot_fig8(fig8, out_dir))
-    if table7 is not None:
-        written.append(plot_table7(table7, out_dir))
-    if memory is not None:
-        written.append(plot_memory(memory, out_dir))
-    ds = depth_scaling({"fig2": fig2, "fig8": fig8})
-    if len(ds):
-        path = os.path.join(out_dir, "depth_scaling.csv")
-        ds.to_csv(path, index=False)
+    for name, made in _made(out_dir, preset, _wanted(artefacts)):
+        path = os.path.join(out_dir, tagged(name, preset))
+        if isinstance(made, Figure):
+            made.savefig(path, dpi=130)
+            plt.close(made)
+        elif made.empty:  # e.g. no depth swept twice
+            continue
+        else:
+            made.to_csv(path, index=False)
         written.append(path)
-        print("depth scaling: time(deepest) / time(depth 1); linear growth would be depth_max "
-              "(paper's baselines at depth 20: cuDNN 12.99, TVM 16.65, PyTorch JIT 20.94, TF 21.20)")
-        print(ds[["artefact", "workload", "model", "system", "depth_max", "ratio", "ratio_at_20"]]
-              .to_string(index=False, float_format=lambda v: f"{v:.2f}"))
-    for path in written:
-        print(f"[plot] wrote {path}")
     return written
 
 
-if __name__ == "__main__":
+def summary(out_dir: str = "results", preset: str = "quick", artefacts=None) -> str:
+    """The derived tables (fig7's speedups, depth scaling) of the named artefacts (all for None)
+    as text, made from this preset's CSVs like run's; "" when there are none."""
+    names = [name for name in _wanted(artefacts) if name in _TABLES]
+    parts = []
+    for name, table in _made(out_dir, preset, names):
+        caption, columns, fmt = _TABLES[name]
+        if len(table):
+            text = table[columns or list(table)].to_string(index=False, float_format=fmt.format)
+            parts.append(f"{caption}\n{text}")
+    return "\n\n".join(parts)
+
+
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="results", help="the results folder (default: results)")
-    args = ap.parse_args()
-    run(args.out)
+    preset_args(ap)
+    ap.add_argument("artefacts", nargs="*", metavar="ARTEFACT", help="redraw only what these artefacts' CSVs "
+                    f"make (default: everything); of {', '.join(ARTEFACTS)}")
+    args = ap.parse_args(argv)
+    unknown = sorted(set(args.artefacts) - set(ARTEFACTS))
+    if unknown:
+        ap.error(f"unknown artefacts {unknown}")
+    names, preset = args.artefacts or None, preset_of(args)
+    written = run(args.out, preset, names)
+    text = summary(args.out, preset, names)
+    if text:
+        print(text + "\n")
+    for path in written:
+        print(f"[plot] wrote {path}")
+    if not written:
+        print(f"[plot] nothing to draw: no {preset} CSVs for these artefacts in {args.out}")
     print(f"[plot] wrote {write_index(args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

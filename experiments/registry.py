@@ -1,5 +1,6 @@
 """The registry of the paper's artefacts: what each reproduces and every file it writes into
-results/, with one sentence on what the file shows.
+results/, with one sentence on what the file shows. The names here carry no preset; on disk every
+file but UNTAGGED ones carries the preset it was made with (tagged: fig7.csv -> fig7_quick.csv).
 
 It is the one list of artefacts: `polyft reproduce` runs them (reproduce.py), and results/README.md
 is generated from it (write_index), so the index cannot go stale. Both the reproduce driver and the
@@ -64,8 +65,8 @@ ARTEFACTS = {
     "table7": Artefact("polyft.experiments.table7", "Table 7", {
         "table7.csv": "Bytes moved per workload with deferred and with materialised views, modelled exactly "
                       "from the access relations at the paper's shapes.",
-        "table7_accesses.csv": "Every read and write behind table7.csv: its access map, kind (view or not) and "
-                               "tile counts.",
+        "table7_accesses.csv": "Every read and write behind table7_<preset>.csv: its access map, kind (view or not) "
+                               "and tile counts.",
         "table7.txt": "Table 7 as text: the model's GB per plan and their ratio beside the paper's measured "
                       "A100 DRAM traffic."}),
     "memory": Artefact("polyft.experiments.memory", "Storage that follows the live set: memory before and after "
@@ -73,7 +74,7 @@ ARTEFACTS = {
         "memory.csv": "Per workload at the small and the paper shape: bytes of inputs + outputs, of the "
                       "intermediates with one element per instance and as contracted under the auto schedule, "
                       "their ratios, and the bytes the generated code moves beside Table 7's deferred model.",
-        "memory_large.csv": "(--paper) Flash attention compiled in C at a shape whose uncontracted buffers exceed "
+        "memory_large.csv": "(--paper only) Flash attention compiled in C at a shape whose uncontracted buffers exceed "
                             "the machine's memory: bytes before/after contraction, peak memory, time beside "
                             "torch's SDPA, relative error."}),
 }
@@ -82,7 +83,7 @@ PLOTS = {
     "fig2.png": "Figure 2: time (log) against stack depth, one line per system, stacked RNN and stacked LSTM.",
     "fig7.png": "Figure 7: time (log) per workload and system as bars, with polyft's speedup over the best "
                 "baseline written above each workload.",
-    "fig7_speedup.csv": "The speedups annotated in fig7.png: polyft's time against the fastest baseline per "
+    "fig7_speedup.csv": "The speedups annotated in fig7_<preset>.png: polyft's time against the fastest baseline per "
                         "workload.",
     "fig8.png": "Figure 8: time (log) against depth and against sequence length for three RNNs, two model "
                 "sizes.",
@@ -94,21 +95,36 @@ PLOTS = {
 }
 # files that other scripts (not `polyft reproduce`) write into results/
 OTHER = {
-    "table7_ncu.csv": "DRAM / L2 / L1 bytes measured with Nsight Compute on a GPU "
+    "table7_ncu.csv": "(--paper only) DRAM / L2 / L1 bytes measured with Nsight Compute on a GPU "
                       "(python -m polyft.experiments.table7 --ncu).",
     "gpu_bench.csv": "Generated CUDA against cuDNN, SDPA, cuBLAS and a blocked BigBird on a GPU "
                      "(scripts/gpu_session.sh, experiments/gpu_bench.py).",
 }
 INDEX = "README.md"
+UNTAGGED = ("gpu_bench.csv", INDEX)  # written outside the artefacts' presets: their names carry none
 
 
 def described() -> dict:
-    """Every file results/ may hold -> (who writes it, one sentence)."""
+    """Every file results/ may hold (untagged name) -> (who writes it, one sentence)."""
     out = {f: (name, text) for name, a in ARTEFACTS.items() for f, text in a.files.items()}
     out.update({f: ("plot", text) for f, text in PLOTS.items()})
     out.update({f: ("GPU runs", text) for f, text in OTHER.items()})
     out[INDEX] = ("reproduce", "This index, generated from the registry in experiments/registry.py.")
     return out
+
+
+def entry(file: str) -> tuple | None:
+    """(registry name, preset or "-", who writes it, one sentence) of a file in results/: a file
+    `x_quick.csv` is described by the entry for `x.csv`; None for a file the registry does not know."""
+    known = described()
+    if file in UNTAGGED:
+        return (file, "-") + known[file]
+    stem, ext = os.path.splitext(file)
+    base, _, preset = stem.rpartition("_")
+    name = base + ext
+    if preset in PRESETS and name in known and name not in UNTAGGED:
+        return (name, preset) + known[name]
+    return None
 
 
 def write_index(out_dir: str = "results") -> str:
@@ -121,19 +137,22 @@ def write_index(out_dir: str = "results") -> str:
 
 
 def index_text(out_dir: str = "results") -> str:
-    """results/README.md: every file in out_dir with one sentence, from the registry."""
-    known = described()
+    """results/README.md: every file in out_dir with its preset and one sentence, from the registry."""
     present = sorted({os.path.basename(f) for f in glob.glob(os.path.join(out_dir, "*"))} | {INDEX})
     lines = ["# results/", "",
              "Generated by `polyft reproduce` from the registry in experiments/registry.py (do not edit by "
-             "hand). Every CSV is tidy (one row per measurement) with the device, commit, date and preset; "
-             "every PNG is drawn from the CSVs by experiments/plot.py.", "",
-             "| file | written by | what it shows |", "|---|---|---|"]
+             "hand). Every file name ends in the preset it was made with: `_quick` (`--quick`, the default: "
+             "small sizes on the CPU) or `_paper` (`--paper`: the paper's shapes). Every CSV is tidy (one row "
+             "per measurement) with the device, commit and date; every PNG is drawn from the CSVs by "
+             "experiments/plot.py.", "",
+             "| file | written by | preset | what it shows |", "|---|---|---|---|"]
+    found = set()
     for f in present:
-        who, text = known.get(f, ("?", "not in the registry of experiments/registry.py"))
-        lines.append(f"| {f} | {who} | {text} |")
-    missing = [f for f in known if f not in present]
+        name, preset, who, text = entry(f) or (f, "-", "?", "not in the registry of experiments/registry.py")
+        found.add(name)
+        lines.append(f"| {f} | {who} | {preset} | {text} |")
+    missing = [f for f in described() if f not in found]
     if missing:
-        lines += ["", "Not here (written on a GPU machine, or their artefact was not run into this folder): "
-                  + ", ".join(missing) + "."]
+        lines += ["", "Not here under either preset (written on a GPU machine, or their artefact was not run "
+                  "into this folder): " + ", ".join(missing) + "."]
     return "\n".join(lines) + "\n"

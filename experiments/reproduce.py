@@ -1,56 +1,134 @@
-"""`polyft reproduce`: run the paper's artefacts (the registry in registry.py), draw the plots,
-index results/ and summarise what was written where."""
+"""Running artefacts of the registry (registry.py), as `polyft reproduce [NAME ...]` and
+`python -m polyft.experiments.NAME` both do: each artefact runs and its result is printed (the
+module's result_text, read back from the files it wrote), then the plots drawn from those
+artefacts' CSVs are redrawn, results/ is indexed, and every file written is listed at the end
+(found by comparing the folder before and after, so nothing is written silently)."""
 from __future__ import annotations
 
-import glob
+import argparse
 import importlib
 import os
 import time
+from dataclasses import dataclass
 
 from polyft.errors import PolyftError
 
-from . import plot
-from .registry import ARTEFACTS, INDEX, write_index
+from .common import preset as preset_of, preset_args, run_args
+from .registry import ARTEFACTS, INDEX, PRESETS, write_index
 
 
-def _changed(out_dir, before):
-    return sorted(f for f in glob.glob(os.path.join(out_dir, "*")) if os.path.getmtime(f) != before.get(f))
+@dataclass
+class Step:
+    name: str
+    status: str  # "ok" or "FAILED: ..."
+    seconds: float
 
 
-def _step(name, fn, out_dir) -> tuple:
-    before = {f: os.path.getmtime(f) for f in glob.glob(os.path.join(out_dir, "*"))}
+def check(names) -> list:
+    """The artefacts to run (all for none named); unknown names raise before anything runs."""
+    names = list(names or ARTEFACTS)
+    unknown = [n for n in names if n not in ARTEFACTS]
+    if unknown:
+        raise PolyftError(f"unknown artefacts {', '.join(unknown)}; known: {', '.join(ARTEFACTS)}", op="reproduce",
+                          where="")  # a command-line mistake: no line of a program to point at
+    return names
+
+
+def _files(out_dir) -> dict:
+    """Each file in out_dir -> what changes when it is written."""
+    out = {}
+    for entry in os.scandir(out_dir):
+        if entry.is_file():
+            st = entry.stat()
+            out[entry.path] = (st.st_mtime_ns, st.st_ino, st.st_size)
+    return out
+
+
+def _step(name, fn) -> Step:
+    """Run fn, print one line with its status and time, then the text it returns (if any)."""
     t0 = time.perf_counter()
+    text = None
     try:
-        fn()
+        text = fn()
         status = "ok"
     except Exception as e:  # one failing artefact must not hide the others' results
         status = f"FAILED: {type(e).__name__}: {e}"
     seconds = time.perf_counter() - t0
     print(f"[{name}] {status} in {seconds:.1f} s", flush=True)
-    return name, status, seconds, _changed(out_dir, before)
+    if text:
+        print(text.rstrip() + "\n", flush=True)
+    return Step(name, status, seconds)
 
 
-def reproduce(names=None, preset: str = "quick", out_dir: str = "results", plots: bool = True) -> list:
-    """Run the named artefacts (all by default), then the plots and the index; returns rows
-    (name, status, seconds, files written)."""
-    names = list(names or ARTEFACTS)
-    unknown = [n for n in names if n not in ARTEFACTS]
-    if unknown:
-        raise PolyftError(f"unknown artefacts {unknown}; known: {', '.join(ARTEFACTS)}", op="reproduce")
+def _artefact(name, preset, out_dir, resume) -> str:
+    mod = importlib.import_module(ARTEFACTS[name].module)
+    mod.run(preset=preset, out_dir=out_dir, resume=resume)
+    return mod.result_text(out_dir, preset)
+
+
+def _plots(names, preset, out_dir) -> list:
+    """The plot step, when some plot is drawn from these artefacts' CSVs; its text: the derived
+    tables (fig7's speedups, depth scaling)."""
+    from . import plot  # matplotlib: only when drawing
+
+    if not any(set(sources) & set(names) for sources in plot.PLOT_SOURCES.values()):
+        return []
+
+    def draw():
+        plot.run(out_dir, preset, names)
+        return plot.summary(out_dir, preset, names)
+    return [_step("plot", draw)]
+
+
+def reproduce(names=None, preset: str = "quick", out_dir: str = "results", plots: bool = True,
+              resume: bool = False, steps=()) -> tuple:
+    """Run the named artefacts (all by default), then `steps` ((name, fn returning text or None):
+    e.g. table7's --ncu), the plots drawn from their CSVs and the index. Returns (the Steps, the
+    paths of the files written)."""
+    names = check(names)
+    if preset not in PRESETS:
+        raise PolyftError(f"preset {preset!r}: one of {', '.join(PRESETS)}", op="reproduce", where="")
     os.makedirs(out_dir, exist_ok=True)
-    rows = [_step(n, lambda n=n: importlib.import_module(ARTEFACTS[n].module).run(preset=preset, out_dir=out_dir),
-                  out_dir) for n in names]
+    before = _files(out_dir)
+    rows = [_step(n, lambda n=n: _artefact(n, preset, out_dir, resume)) for n in names]
+    rows += [_step(name, fn) for name, fn in steps]
     if plots:
-        rows.append(_step("plot", lambda: plot.run(out_dir), out_dir))
+        rows += _plots(names, preset, out_dir)
     write_index(out_dir)
-    return rows
+    written = sorted(f for f, state in _files(out_dir).items() if before.get(f) != state)
+    return rows, written
 
 
-def summary(rows, out_dir: str = "results") -> str:
-    lines = ["| artefact | reproduces | status | seconds | files |", "|---|---|---|---|---|"]
-    for name, status, seconds, files in rows:
-        paper = ARTEFACTS[name].paper if name in ARTEFACTS else "plots from the CSVs"
-        lines.append(f"| {name} | {paper} | {status} | {seconds:.1f} | {', '.join(files) or '-'} |")
-    total = sum(r[2] for r in rows)
-    lines.append(f"\n{total:.0f} s in all; what every file shows: {os.path.join(out_dir, INDEX)}")
+def summary(rows, written, out_dir: str = "results") -> str:
+    """What ran (status, seconds), then every file written, one line each."""
+    lines = ["| artefact | reproduces | status | seconds |", "|---|---|---|---|"]
+    for r in rows:
+        paper = ARTEFACTS[r.name].paper if r.name in ARTEFACTS else "-"
+        lines.append(f"| {r.name} | {paper} | {r.status} | {r.seconds:.1f} |")
+    lines.append(f"\n{sum(r.seconds for r in rows):.0f} s in all; what every file shows: "
+                 f"{os.path.join(out_dir, INDEX)}")
+    lines += [f"wrote {f}" for f in written]
     return "\n".join(lines)
+
+
+def command(names, args, steps=()) -> int:
+    """Run `names` as the command line asked (common.preset_args and run_args) and print the
+    summary; the exit status: 0 when every step ran, else 1."""
+    rows, written = reproduce(names, preset_of(args), args.out, plots=not args.no_plots, resume=args.resume,
+                              steps=steps)
+    print(summary(rows, written, args.out))
+    return 0 if all(r.status == "ok" for r in rows) else 1
+
+
+def command_line(name: str, doc: str) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=f"python -m polyft.experiments.{name}", description=doc,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    preset_args(ap)
+    run_args(ap)
+    return ap
+
+
+def main(name: str, doc: str, argv=None) -> int:
+    """The command line of artefact `name`: `python -m polyft.experiments.NAME [--quick | --paper]
+    [--out DIR] [--resume] [--no-plots]`, the same run and output as `polyft reproduce NAME`."""
+    return command([name], command_line(name, doc).parse_args(argv))

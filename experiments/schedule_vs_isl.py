@@ -35,11 +35,12 @@ Reported per schedule (the same code measures all three, on the flat schedule ma
 Every schedule is also checked legal against the exact dependences (``check_legal``).
 ``run(preset="quick")`` does the small presets; ``run(preset="paper")`` the paper presets
 (concrete sizes from the preset; derived tile counts such as b2b_gemm's MT = M / tm are
-named in ``note``) and the small ones. Writes ``results/schedule_vs_isl.csv``.
+named in ``note``) and the small ones. Writes ``results/schedule_vs_isl_<preset>.csv``.
+
+    python -m polyft.experiments.schedule_vs_isl [--quick | --paper] [--out DIR] [--resume]
 """
 from __future__ import annotations
 
-import os
 import statistics
 import time
 
@@ -54,7 +55,8 @@ from polyft.schedule.coarsen import coarsen
 from polyft.schedule.schedule import check_legal, make_schedule, parallel_dims, sequential_steps
 from polyft.schedule.steps import steps_as_run
 
-from .common import main, meta
+from .common import meta, path, sweep
+from .reproduce import main
 
 SYSTEMS = ("polyft-auto", "polyft-original", "isl")
 REPEATS = 5
@@ -174,8 +176,8 @@ def _is_singleton(s: isl.Set) -> bool:
     return s.is_empty() or lo.is_equal(hi)
 
 
-def compare(name: str, preset: str) -> list[dict]:
-    """Rows (one per system) for one workload at one preset."""
+def compare(name: str, preset: str, info: dict) -> list[dict]:
+    """Rows (one per system) for one workload at one preset; `info`: the columns of meta()."""
     mod = WORKLOADS[name]
     specs = mod.specs(preset)
     etdg = ft.trace(mod.program, *specs)
@@ -203,7 +205,7 @@ def compare(name: str, preset: str) -> list[dict]:
         par, steps, as_run = measure(model, deps, per)
         rows.append(dict(workload=name, preset=preset, system=system, parallel_dims=par,
                          sequential_steps=steps, steps_as_run=as_run, critical_path=critical_path(model, deps),
-                         seconds=secs, note=note + extra))
+                         seconds=secs, **info, note=note + extra))
     # the library's own numbers agree with ours
     for p, row in ((prog, rows[0]), (orig, rows[1])):
         for k in ("sequential_steps", "steps_as_run", "critical_path"):
@@ -227,26 +229,16 @@ def markdown(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def run(preset: str = "quick", out_dir: str = "results") -> pd.DataFrame:
-    presets = {"quick": ["small"], "paper": ["paper", "small"]}[preset]
-    rows = []
-    for p in presets:
-        for name in WORKLOADS:
-            rows += compare(name, p)
-            print(f"[schedule_vs_isl] {name} {p}: " + ", ".join(
-                f"{r['system']} {r['parallel_dims']} par / {r['sequential_steps']} steps / "
-                f"{r['steps_as_run']} as run / critical path {r['critical_path']}" for r in rows[-3:]),
-                flush=True)
-    df = pd.DataFrame(rows)
-    for k, v in meta().items():
-        df[k] = v
-    df = df[["workload", "preset", "system", "parallel_dims", "sequential_steps", "steps_as_run", "critical_path",
-             "seconds", "device", "commit", "date", "note"]]
-    os.makedirs(out_dir, exist_ok=True)
-    df.to_csv(os.path.join(out_dir, "schedule_vs_isl.csv"), index=False)
-    print(markdown(df))
-    return df
+def run(preset: str = "quick", out_dir: str = "results", resume: bool = False) -> pd.DataFrame:
+    info = meta()
+    points = [(p, name) for p in {"quick": ["small"], "paper": ["paper", "small"]}[preset] for name in WORKLOADS]
+    return sweep("schedule_vs_isl", preset, out_dir, points, lambda p: compare(p[1], p[0], info), resume=resume,
+                 key=lambda p: {"workload": p[1], "preset": p[0]})
+
+
+def result_text(out_dir: str, preset: str) -> str:
+    return markdown(pd.read_csv(path(out_dir, "schedule_vs_isl.csv", preset)))
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(run, __doc__))
+    raise SystemExit(main("schedule_vs_isl", __doc__))

@@ -1,8 +1,10 @@
 """Table 5 / Figure 6: region3 of the stacked RNN (Listing 1), lowered to element level,
-reordered; writes T, the new bounds and the transformed access maps as text + ISL strings."""
-from __future__ import annotations
+reordered; writes T, the new bounds and the transformed access maps as text + ISL strings
+(results/table5_<preset>.txt; --quick: the small sizes, --paper: the paper's).
 
-import os
+    python -m polyft.experiments.table5 [--quick | --paper] [--out DIR]
+"""
+from __future__ import annotations
 
 import polyft as ft
 from polyft.deps.analyze import analyze
@@ -13,7 +15,8 @@ from polyft.schedule.lower import lower
 from polyft.schedule.reorder import reorder, table
 from polyft.schedule.schedule import distances
 
-from .common import main
+from .common import path, write_text
+from .reproduce import main
 
 
 def region3(preset: str = "paper"):
@@ -27,16 +30,20 @@ def region3(preset: str = "paper"):
     return low, deps, st.name, reorder(low, st.name, dist)
 
 
-def run(preset: str = "paper", out_dir: str = "results") -> str:
+def run(preset: str = "quick", out_dir: str = "results", resume: bool = False) -> str:
+    """Write and return the table (one computation: nothing to resume)."""
     low, _, name, R = region3("paper" if preset == "paper" else "small")
     text = ("Table 5 / Figure 6: region3 of the stacked RNN (Listing 1) at element level,\n"
             f"dims {low.dim_names} = (t5 batch map, t4 layer scanl, t3 time scanl, t2 element map)\n\n"
             + table(low, name, R) + "\n")
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "table5.txt"), "w") as f:
-        f.write(text)
+    write_text(path(out_dir, "table5.txt", preset), text)
     return text
 
 
+def result_text(out_dir: str, preset: str) -> str:
+    with open(path(out_dir, "table5.txt", preset)) as f:
+        return f.read()
+
+
 if __name__ == "__main__":
-    raise SystemExit(main(lambda preset, out: print(run(preset, out)), __doc__))
+    raise SystemExit(main("table5", __doc__))

@@ -10,9 +10,9 @@ BigBird as Listing 4 ([16, 64] blocks of [32, 512]) and flash attention as Listi
 ([32, 16, 64] query tiles of [32, 128], 4096 keys), plus every other workload at its
 "paper" preset for context. Quick and paper presets are the same here.
 
-Writes results/table7.csv (workload, shape, plan, bytes, GB, ratio to deferred),
-results/table7_accesses.csv (every read and write with its kind and counts) and
-results/table7.txt (the table beside the paper's measured DRAM bytes).
+Writes results/table7_<preset>.csv (workload, shape, plan, bytes, GB, ratio to deferred),
+results/table7_accesses_<preset>.csv (every read and write with its kind and counts) and
+results/table7_<preset>.txt (the table beside the paper's measured DRAM bytes).
 
 Measured traffic needs an NVIDIA GPU and Nsight Compute. With `--ncu`, for BigBird and flash
 attention at the paper's shapes, each GPU system (generated CUDA, the torch baseline on
@@ -22,14 +22,16 @@ CUDA) is run once inside an NVTX range and profiled, summing over its kernels:
         --nvtx --nvtx-include "table7/" --target-processes all \\
         python -m polyft.experiments.table7 --ncu-child bigbird polyft-cuda-auto
 
-(DRAM, L2 and L1 bytes as in the paper's Table 7) -> results/table7_ncu.csv. Without a GPU
-or without `ncu` on PATH, `--ncu` stops with an error saying which is missing.
+(DRAM, L2 and L1 bytes as in the paper's Table 7) -> results/table7_ncu_paper.csv. Without a
+GPU or without `ncu` on PATH, `--ncu` stops with an error saying which is missing.
+
+    python -m polyft.experiments.table7 [--quick | --paper] [--out DIR] [--resume] [--ncu]
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import io
-import os
 import shutil
 import subprocess
 import sys
@@ -41,53 +43,52 @@ from polyft.deps.traffic import traffic
 from polyft.errors import PolyftError
 from polyft.workloads import WORKLOADS, get
 
-from .common import meta, preset, preset_args
+from .common import meta, path, sweep, write_csv, write_text
 from .deps_time import lengths
 from .measure import device_name, gpu_available, systems
+from .paper import PAPER_DRAM
+from .reproduce import command, command_line
 
 HIGHLIGHT = ("bigbird", "flash_attention")  # the paper's Table 7
-# the paper's Table 7 (A100, GB of DRAM traffic): FractalTensor and the materialising systems
-PAPER_DRAM = {"bigbird": {"FractalTensor": 12.36, "Triton": 28.21, "PyTorch": 47.49, "TVM": 108.9},
-              "flash_attention": {"FractalTensor": 3.99, "Triton": 4.01, "FlashAttention-2": 4.13,
-                                  "CUTLASS": 3.98}}
 NCU_METRICS = {"dram__bytes.sum": "dram", "lts__t_bytes.sum": "l2", "l1tex__t_bytes.sum": "l1"}
 NCU_SYSTEMS = ("polyft-cuda-auto", "torch-blocked-cuda", "torch-sdpa-cuda")
 NCU_RANGE = "table7"
 
 
+@functools.lru_cache(maxsize=None)
 def model(workload: str, preset: str = "paper"):
     """The traffic model of `workload` at a preset's sizes ("quick" means "paper"): (shape
-    string, deps.traffic.Traffic)."""
+    string, deps.traffic.Traffic); kept, as run's two tables are made from it."""
     mod, preset = get(workload), "paper" if preset == "quick" else preset
     shape = " ".join(f"{k}={v}" for k, v in mod.PRESETS[preset].items())
     return shape, traffic(ft.trace(mod.program, *mod.specs(preset)), lengths(workload, preset))
 
 
-def run(preset: str = "quick", out_dir: str = "results") -> pd.DataFrame:
-    info = meta()
-    rows, accesses = [], []
-    for name in WORKLOADS:
+def run(preset: str = "quick", out_dir: str = "results", resume: bool = False) -> pd.DataFrame:
+    info = dict(meta(), device="model (exact counts, no device)")
+
+    def plans(name) -> list:
         shape, tr = model(name, preset)
         deferred = tr.bytes("deferred")
         views = sum(r.is_view for r in tr.reads)
-        for plan in ("deferred", "materialised"):
-            b = tr.bytes(plan)
-            rows.append(dict(workload=name, shape=shape, system=f"model-{plan}", plan=plan, bytes=b, GB=b / 1e9,
-                             ratio_to_deferred=b / deferred, views=views, table7=name in HIGHLIGHT,
-                             preset=preset, **info, status="ok"))
-        accesses += [dict(workload=name, shape=shape, **r) for r in tr.rows()]
-        print(f"[table7] {name:16s} deferred {deferred / 1e9:8.3f} GB  materialised "
-              f"{tr.bytes('materialised') / 1e9:8.3f} GB  ({views} view reads)", flush=True)
-    df = pd.DataFrame(rows)
-    df["device"] = "model (exact counts, no device)"
-    os.makedirs(out_dir, exist_ok=True)
-    df.to_csv(os.path.join(out_dir, "table7.csv"), index=False)
-    pd.DataFrame(accesses).to_csv(os.path.join(out_dir, "table7_accesses.csv"), index=False)
-    text = markdown(df)
-    with open(os.path.join(out_dir, "table7.txt"), "w") as f:
-        f.write(text + "\n")
-    print(text)
+        return [dict(workload=name, shape=shape, system=f"model-{plan}", plan=plan, bytes=tr.bytes(plan),
+                     GB=tr.bytes(plan) / 1e9, ratio_to_deferred=tr.bytes(plan) / deferred, views=views,
+                     table7=name in HIGHLIGHT, preset=preset, **info, status="ok")
+                for plan in ("deferred", "materialised")]
+
+    def accesses(name) -> list:
+        shape, tr = model(name, preset)
+        return [dict(workload=name, shape=shape, **r) for r in tr.rows()]
+    df = sweep("table7", preset, out_dir, list(WORKLOADS), plans, key=lambda w: {"workload": w}, resume=resume)
+    sweep("table7_accesses", preset, out_dir, list(WORKLOADS), accesses, key=lambda w: {"workload": w},
+          resume=resume)
+    write_text(path(out_dir, "table7.txt", preset), markdown(df) + "\n")
     return df
+
+
+def result_text(out_dir: str, preset: str) -> str:
+    with open(path(out_dir, "table7.txt", preset)) as f:
+        return f.read()
 
 
 def markdown(df: pd.DataFrame) -> str:
@@ -131,7 +132,8 @@ def _ncu_bytes(csv_text: str) -> dict:
 
 
 def ncu(out_dir: str = "results") -> pd.DataFrame:
-    """Profile the GPU systems of BigBird and flash attention with ncu -> table7_ncu.csv."""
+    """Profile the GPU systems of BigBird and flash attention at the paper's shapes with ncu ->
+    table7_ncu_paper.csv."""
     missing = _ncu_available()
     if missing:
         raise PolyftError(f"table7 --ncu needs an NVIDIA GPU and Nsight Compute: {missing}", op="table7")
@@ -157,8 +159,7 @@ def ncu(out_dir: str = "results") -> pd.DataFrame:
     for k, v in info.items():
         df[k] = v
     df["device"] = device_name("cuda")
-    df.to_csv(os.path.join(out_dir, "table7_ncu.csv"), index=False)
-    print(df.to_string(index=False))
+    write_csv(df, path(out_dir, "table7_ncu.csv", "paper"))
     return df
 
 
@@ -180,9 +181,8 @@ def _ncu_child(workload: str, system_name: str) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m polyft.experiments.table7", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    preset_args(ap, quick="the paper's shapes (the model is fast)", paper="the paper's shapes")
+    """The artefact's command line (reproduce.main) with --ncu."""
+    ap = command_line("table7", __doc__)
     ap.add_argument("--ncu", action="store_true", help="also measure DRAM/L2/L1 bytes with ncu (GPU only)")
     ap.add_argument("--ncu-child", nargs=2, metavar=("WORKLOAD", "SYSTEM"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -192,14 +192,8 @@ def main(argv=None) -> int:
     if args.ncu and _ncu_available():
         print(f"error: table7 --ncu needs an NVIDIA GPU and Nsight Compute: {_ncu_available()}", file=sys.stderr)
         return 2
-    run(preset(args), args.out)
-    if args.ncu:
-        try:
-            ncu(args.out)
-        except PolyftError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-    return 0
+    steps = [("table7 --ncu", lambda: ncu(args.out).to_string(index=False))] if args.ncu else []
+    return command(["table7"], args, steps)
 
 
 if __name__ == "__main__":

@@ -7,12 +7,13 @@ counts bypass the default's measurements); medians of REPEATS calls after a warm
 WARMUP. `ratio_to_one_thread` is a count's median over one thread's; the target is <= 1.2 for
 the default, idle and loaded. `chosen` is what the default ran its timed calls on.
 
-Writes results/threads.csv.
+The shapes are Figure 7's quick ones under either preset. Writes results/threads_<preset>.csv.
+
+    python -m polyft.experiments.threads [--quick | --paper] [--out DIR] [--resume]
 """
 from __future__ import annotations
 
 import collections
-import os
 import statistics
 import subprocess
 import sys
@@ -24,9 +25,10 @@ import polyft as ft
 from polyft.emit.threads import cores
 from polyft.workloads import get
 
-from .common import main, meta
+from .common import meta, path, sweep
 from .fig7 import QUICK
 from .measure import shape_string
+from .reproduce import main
 
 REPEATS = 15
 WARMUP = 6  # the default's first calls try each count
@@ -69,27 +71,28 @@ def measure(workload: str, sizes: dict, load: str, repeats: int = REPEATS) -> li
     return rows
 
 
-def run(preset: str = "quick", out_dir: str = "results") -> pd.DataFrame:
-    rows = []
-    for load in LOADS:
+def run(preset: str = "quick", out_dir: str = "results", resume: bool = False) -> pd.DataFrame:
+    info = dict(preset=preset, **meta())
+
+    def point(p) -> list:
+        load, w = p
         busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if load != "idle" else None
         try:
-            for w in QUICK:
-                rows += measure(w, QUICK[w], load)
-                r = rows[-1]
-                print(f"[threads] {w} {load}: default {1e3 * r['seconds']:.2f} ms = {r['ratio_to_one_thread']:.2f}x "
-                      f"one thread's, every core {rows[-2]['ratio_to_one_thread']:.2f}x ({r['chosen']})", flush=True)
+            return [dict(r, **info) for r in measure(w, QUICK[w], load)]
         finally:
             if busy is not None:
                 busy.kill()
                 busy.wait()
-    df = pd.DataFrame(rows)
-    for k, v in meta().items():
-        df[k] = v
-    os.makedirs(out_dir, exist_ok=True)
-    df.to_csv(os.path.join(out_dir, "threads.csv"), index=False)
-    return df
+    return sweep("threads", preset, out_dir, [(load, w) for load in LOADS for w in QUICK], point, resume=resume,
+                 key=lambda p: {"load": p[0], "workload": p[1]})
+
+
+def result_text(out_dir: str, preset: str) -> str:
+    """Each count's time over one thread's, per workload and load (the target: <= 1.2 for the default)."""
+    df = pd.read_csv(path(out_dir, "threads.csv", preset))
+    piv = df.pivot_table(index="workload", columns=["load", "threads"], values="ratio_to_one_thread", sort=False)
+    return "time / one thread's time\n" + piv.to_string(float_format=lambda v: f"{v:.2f}x")
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(run, __doc__))
+    raise SystemExit(main("threads", __doc__))

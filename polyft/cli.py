@@ -10,12 +10,13 @@ import islpy as isl
 from polyft.deps.isl_helpers import union_map
 from polyft.deps.model import check_sizes
 from polyft.emit.isl_ast import build_ast
-from polyft.experiments.common import preset, preset_args
+from polyft.experiments.common import preset_args, run_args
 from polyft.schedule.coarsen import coarsen
 from polyft.schedule.reorder import bounds
 from polyft.schedule.schedule import make_schedule, schedule_kind, time_rows, user_schedule
 
 from .errors import PolyftError, ScheduleError
+from .interpret import bind_params
 from .program import analyze
 from .tracing import trace
 from .workloads import WORKLOADS, get
@@ -48,6 +49,7 @@ def cmd_inspect(args) -> int:
         schedule_kind(args.schedule)  # unreadable ISL: an error before any output
     etdg = trace(mod.program, *specs)
     check_sizes(sizes, etdg.params, op="inspect --size")  # likewise unknown lengths
+    picture = _picture(mod, specs, sizes) if args.plot else None  # too many points: before output too
     print(etdg)
     if args.dot:
         with open(args.dot, "w") as f:
@@ -72,7 +74,17 @@ def cmd_inspect(args) -> int:
             print("\n" + text)
         if args.storage:
             print("\n" + _storage(prog))
+    if picture is not None:
+        picture.savefig(args.plot, dpi=100)
+        print(f"\nwrote {args.plot}")
     return status
+
+
+def _picture(mod, specs, sizes):
+    """The schedule picture (Schedule.plot) at `sizes`, lengths not given taken from the small
+    preset's inputs (a picture needs concrete ones)."""
+    lengths = bind_params(trace(mod.program, *mod.specs("small")), mod.inputs("small"))
+    return analyze(mod.program, *specs, sizes={**lengths, **sizes}).schedule.plot()
 
 
 def _storage(prog) -> str:
@@ -170,10 +182,8 @@ def _user_schedule(fn, specs, text, sizes) -> tuple[str, int]:
 
 
 def cmd_reproduce(args) -> int:
-    from polyft.experiments.reproduce import reproduce, summary  # matplotlib and pandas: only here
-    rows = reproduce(args.artefacts, preset=preset(args), out_dir=args.out, plots=not args.no_plots)
-    print("\n" + summary(rows, args.out))
-    return 0 if all(r[1] == "ok" for r in rows) else 1
+    from polyft.experiments.reproduce import command  # pandas, and matplotlib for the plots: only here
+    return command(args.artefacts, args)  # unknown artefacts: a PolyftError before anything runs
 
 
 def main(argv=None) -> int:
@@ -199,11 +209,15 @@ def main(argv=None) -> int:
     p.add_argument("--storage", action="store_true",
                    help="print the storage mapping: live accesses, contraction, placement, bytes per buffer")
     p.add_argument("--size", metavar="N=2,L=4", help="fix symbolic lengths (concrete ISL strings)")
+    p.add_argument("--plot", metavar="FILE",
+                   help="draw the schedule picture into FILE (.png): a band's instances, flow dependences and "
+                        "sequential steps as written and auto, the wavefront's hyperplanes; lengths not in --size "
+                        "are the small preset's")
     p.set_defaults(run=cmd_inspect)
     p = sub.add_parser("reproduce", help="run the paper's experiments and write results/")
     p.add_argument("artefacts", nargs="*", help="which artefacts (default: all)")
     preset_args(p)
-    p.add_argument("--no-plots", action="store_true", help="skip the plotting step (experiments/plot.py)")
+    run_args(p)
     p.set_defaults(run=cmd_reproduce)
     args = parser.parse_args(argv)
     try:

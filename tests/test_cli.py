@@ -157,3 +157,16 @@ def test_inspect_storage_shows_the_contracted_gates_and_bytes(capsys):
     assert int(row[2]) == 3 * 5 * int(row[4])  # D = 3 layers, L = 5 steps in 1 cell
     assert main(["inspect", "stacked_lstm", "--storage"]) == 0
     assert "give concrete --size for D, L, N" in capsys.readouterr().out
+
+
+def test_inspect_plot_writes_the_schedule_picture(tmp_path, capsys):
+    """--plot draws prog.schedule.plot() at the small preset's lengths, --size overriding them;
+    a slice too large to draw fails before any output."""
+    png = tmp_path / "rnn.png"
+    assert main(["inspect", "stacked_rnn", "--plot", str(png), "--size", "D=4,L=6"]) == 0
+    assert f"wrote {png}" in capsys.readouterr().out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    big = tmp_path / "big.png"
+    assert main(["inspect", "stacked_rnn", "--plot", str(big), "--size", "D=60,L=60"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "3600 points" in captured.err and not big.exists()

@@ -71,7 +71,7 @@ def test_a_wrong_system_is_a_row_and_fails_the_sweep(tmp_path, monkeypatch):
     monkeypatch.setattr(measure, "systems", with_a_wrong_one)
     with pytest.raises(AssertionError, match="disagree"):
         measure.sweep("t", [measure.Point("stacked_rnn", dict(N=2, H=8, L=4, D=2))], "quick", str(tmp_path), 1)
-    df = pd.read_csv(tmp_path / "t.csv")  # written before failing
+    df = pd.read_csv(tmp_path / "t_quick.csv")  # written before failing
     assert df.set_index("system").loc["broken", "status"].startswith("wrong: rel error")
 
 
@@ -94,27 +94,28 @@ def test_plots_are_drawn_from_csvs(tmp_path):
     rows = _timing_rows("stacked_rnn", "c-auto", (1, 4, 8), 1.0, 0.25) + \
         _timing_rows("stacked_rnn", "torch-cell-loop", (1, 4, 8), 0.0, 2.0)
     rows.append(dict(rows[0], system="triton", status="absent: no GPU", seconds=np.nan))
-    pd.DataFrame(rows).to_csv(tmp_path / "fig2.csv", index=False)
+    pd.DataFrame(rows).to_csv(tmp_path / "fig2_quick.csv", index=False)
     fig7_rows = [dict(r, workload=w, depth=np.nan) for w in ("stacked_rnn", "bigbird") for r in (
         _timing_rows(w, "c-auto", (1,), 1.0, 1.0)[0], _timing_rows(w, "torch-blocked", (1,), 5.0, 1.0)[0],
         _timing_rows(w, "numpy-eager", (1,), 0.5, 0.0)[0])]
-    pd.DataFrame(fig7_rows).to_csv(tmp_path / "fig7.csv", index=False)
+    pd.DataFrame(fig7_rows).to_csv(tmp_path / "fig7_quick.csv", index=False)
     fig8_rows = []
     for model in ("middle", "large"):
         fig8_rows += _timing_rows("grid_rnn", "c-auto", (1, 2), 1.0, 1.0, model=model, panel="depth", seq_len=4)
         fig8_rows += [dict(r, depth=2, seq_len=r["depth"]) for r in _timing_rows(
             "grid_rnn", "c-auto", (4, 8), 1.0, 1.0, model=model, panel="seq_len")]
-    pd.DataFrame(fig8_rows).to_csv(tmp_path / "fig8.csv", index=False)
+    pd.DataFrame(fig8_rows).to_csv(tmp_path / "fig8_quick.csv", index=False)
     pd.DataFrame([dict(workload="bigbird", plan=p, GB=g) for p, g in (("deferred", 1.0), ("materialised", 2.5))]) \
-        .to_csv(tmp_path / "table7.csv", index=False)
+        .to_csv(tmp_path / "table7_quick.csv", index=False)
 
     written = plot.run(str(tmp_path))
-    for name in ("fig2.png", "fig7.png", "fig8.png", "table7.png", "fig7_speedup.csv", "depth_scaling.csv"):
+    for name in ("fig2_quick.png", "fig7_quick.png", "fig8_quick.png", "table7_quick.png", "fig7_speedup_quick.csv",
+                 "depth_scaling_quick.csv"):
         assert str(tmp_path / name) in written and os.path.getsize(tmp_path / name) > 0
-    sp = pd.read_csv(tmp_path / "fig7_speedup.csv").set_index("workload")
+    sp = pd.read_csv(tmp_path / "fig7_speedup_quick.csv").set_index("workload")
     assert sp.loc["bigbird", "best_baseline"] == "torch-blocked"  # eager numpy is not a baseline
     assert sp.loc["bigbird", "speedup"] == pytest.approx(6.0 / 2.0)
-    ds = pd.read_csv(tmp_path / "depth_scaling.csv")
+    ds = pd.read_csv(tmp_path / "depth_scaling_quick.csv")
     fig2_ratio = ds[(ds["artefact"] == "fig2")].set_index("system")["ratio"]
     assert fig2_ratio["c-auto"] == pytest.approx(3.0 / 1.25)
     assert fig2_ratio["torch-cell-loop"] == pytest.approx(8.0)
@@ -126,15 +127,19 @@ def test_plot_skips_missing_csvs(tmp_path):
     assert plot.run(str(tmp_path)) == []
 
 
-def test_index_lists_every_file(tmp_path):
-    for f in ("fig2.csv", "fig2.png", "mystery.bin"):
+def test_index_lists_every_file_with_its_preset(tmp_path):
+    for f in ("fig2_quick.csv", "fig2_paper.png", "gpu_bench.csv", "fig7.csv", "mystery.bin"):
         (tmp_path / f).write_text("x")
     path = registry.write_index(str(tmp_path))
     text = open(path).read()
-    for f in ("fig2.csv", "fig2.png", "mystery.bin", "README.md"):
-        assert f"| {f} |" in text
-    assert "| mystery.bin | ? | not in the registry" in text
-    assert "table7.csv" in text.split("Not here")[1]
+    sentence = registry.ARTEFACTS["fig2"].files["fig2.csv"]
+    assert f"| fig2_quick.csv | fig2 | quick | {sentence} |" in text
+    assert f"| fig2_paper.png | plot | paper | {registry.PLOTS['fig2.png']} |" in text
+    assert "| gpu_bench.csv | GPU runs | - |" in text and "| README.md | reproduce | - |" in text
+    for f in ("mystery.bin", "fig7.csv"):  # an artefact's file without its preset is not one the registry knows
+        assert f"| {f} | ? | - | not in the registry" in text
+    missing = text.split("Not here")[1]
+    assert "table7.csv" in missing and "fig2.csv" not in missing and "fig2.png" not in missing
 
 
 def test_registry_describes_every_file_the_artefacts_write():
@@ -144,8 +149,8 @@ def test_registry_describes_every_file_the_artefacts_write():
     for name, a in registry.ARTEFACTS.items():
         assert a.files, name
     results = os.path.join(os.path.dirname(__file__), "..", "results")
-    present = set(os.listdir(results))
-    assert present <= set(files), f"results/ files missing from the registry: {present - set(files)}"
+    unknown = {f for f in os.listdir(results) if registry.entry(f) is None}
+    assert not unknown, f"results/ files the registry does not describe (or without their preset): {unknown}"
     with open(os.path.join(results, "README.md")) as f:  # the committed index is current
         assert f.read() == registry.index_text(results)
 
@@ -161,7 +166,7 @@ def test_table7_ncu_fails_clearly_without_a_gpu(capsys, tmp_path):
         pytest.skip("a GPU and ncu are here")
     assert table7.main(["--ncu", "--out", str(tmp_path)]) == 2
     assert "needs an NVIDIA GPU and Nsight Compute" in capsys.readouterr().err
-    assert not (tmp_path / "table7.csv").exists()
+    assert not os.listdir(tmp_path)
 
 
 def test_table7_model_rows(tmp_path):
@@ -171,7 +176,7 @@ def test_table7_model_rows(tmp_path):
     fa = df[df["workload"] == "flash_attention"].set_index("plan")
     assert fa.loc["materialised", "bytes"] == fa.loc["deferred", "bytes"]
     assert set(df["workload"]) == set(WORKLOADS)
-    assert "Table 7 (model)" in (tmp_path / "table7.txt").read_text()
+    assert "Table 7 (model)" in (tmp_path / "table7_quick.txt").read_text()
 
 
 @pytest.mark.parametrize("workload", sorted(WORKLOADS))
@@ -202,7 +207,7 @@ def test_ncu_csv_is_summed_over_kernels_in_bytes():
 
 def test_memory_rows_and_plot(tmp_path):
     df = memory.run("quick", str(tmp_path))
-    got = pd.read_csv(tmp_path / "memory.csv")
+    got = pd.read_csv(tmp_path / "memory_quick.csv")
     assert list(got.columns) == memory.COLUMNS + ["device", "commit", "date"]
     assert len(got) == len(df) == 2 * len(WORKLOADS)
     assert set(zip(got["workload"], got["preset"])) == {(w, p) for w in WORKLOADS for p in ("small", "paper")}
@@ -230,4 +235,4 @@ def test_memory_rows_and_plot(tmp_path):
     lstm = paper.loc["stacked_lstm"]
     assert lstm["ratio_allocated"] < lstm["ratio_full"] and lstm["contracted"] >= 1
     assert (got["deferred_model_bytes"] > 0).all()
-    assert str(tmp_path / "memory.png") in plot.run(str(tmp_path))
+    assert str(tmp_path / "memory_quick.png") in plot.run(str(tmp_path), "quick", ["memory"])
