@@ -45,6 +45,8 @@ def cmd_inspect(args) -> int:
     mod = get(args.workload)
     specs = mod.specs(args.preset)
     sizes = _sizes(args.size)
+    if args.schedule in ("auto", "original"):
+        args.schedule = True  # the named schedules: both are printed
     if isinstance(args.schedule, str):
         schedule_kind(args.schedule)  # unreadable ISL: an error before any output
     etdg = trace(mod.program, *specs)
@@ -203,7 +205,8 @@ def main(argv=None) -> int:
     p.add_argument("--coarsen", action="store_true",
                    help="print what the coarsening passes merge, and the ETDG after them")
     p.add_argument("--schedule", nargs="?", const=True, default=None, metavar="ISL",
-                   help="print the original and transformed schedules (ISL strings, T, bounds); with an ISL "
+                   help="print the original and transformed schedules (ISL strings, T, bounds; also with "
+                        "\"auto\" or \"original\"); with an ISL "
                         "schedule (\"{ S_b0[i, j, k] -> [j + k, j, i] }\"), check that one instead: legality, "
                         "parallel time dims, sequential steps, the loop nest (exit status 1 when illegal)")
     p.add_argument("--storage", action="store_true",

@@ -117,6 +117,16 @@ def test_schedule_says_which_statements_coarsening_removed(capsys):
     assert not [ln for ln in out.splitlines() if ln.strip().startswith(("S_b2:", "S_b3:"))]
 
 
+@pytest.mark.parametrize("name", ["auto", "original"])
+def test_named_schedules_print_what_a_bare_schedule_flag_prints(capsys, name):
+    """`--schedule auto` (what a user types after reading `schedule="auto"`) is the bare flag,
+    not an ISL string to check."""
+    assert main(["inspect", "stacked_lstm", "--schedule"]) == 0
+    bare = capsys.readouterr().out
+    assert main(["inspect", "stacked_lstm", "--schedule", name]) == 0
+    assert capsys.readouterr().out == bare
+
+
 def test_unknown_preset_exits_2_naming_the_presets(capsys):
     assert main(["inspect", "stacked_rnn", "--preset", "huge"]) == 2
     err = capsys.readouterr().err
