@@ -44,15 +44,16 @@ def param_c(p: str) -> str:
     return f"c->{p}"
 
 
-def context(layout: Layout, params, scratch: bool = False) -> tuple:
+def context(layout: Layout, params, scratch: bool = False, packed=()) -> tuple:
     """The context struct `ctx_t` (parameters, then per buffer its pointer and strides, then
-    with `scratch` the thread's place for large temporaries, `ft_tmp`) and `buffer_ref(buf,
-    idx)`, the C address of a buffer element through it. The runtimes fill the struct in
-    this order."""
-    def buffer_ref(buf, idx):
+    with `scratch` the thread's place for large temporaries, `ft_tmp`, then a pointer `p<k>`
+    to the packed copy of each buffer named in `packed`) and `buffer_ref(buf, idx,
+    packed=False)`, the C address of a buffer element (or of its packed copy, at the same
+    offset) through it. The runtimes fill the struct in this order."""
+    def buffer_ref(buf, idx, packed=False):
         k = layout.slot(buf)
         terms = [f"({e})*c->s{k}_{r}" for r, e in enumerate(layout.cell(buf, idx)) if e is not None]
-        return f"(c->b{k} + {' + '.join(terms) or '0'})"
+        return f"(c->{'p' if packed else 'b'}{k} + {' + '.join(terms) or '0'})"
 
     fields = [cgen.Value("long", p) for p in params]
     for k, b in enumerate(layout.buffers):
@@ -60,6 +61,8 @@ def context(layout: Layout, params, scratch: bool = False) -> tuple:
         fields += [cgen.Value("long", f"s{k}_{r}") for r in range(b.depth)]
     if scratch:
         fields.append(cgen.Pointer(cgen.Value("char", "ft_tmp")))
+    fields += [cgen.Pointer(cgen.Value(ctype(b.dtype), f"p{k}")) for k, b in enumerate(layout.buffers)
+               if b.name in packed]
     return cgen.Typedef(cgen.Struct("polyft_ctx", fields, declname="ctx_t")), buffer_ref
 
 
@@ -143,10 +146,10 @@ def local_batches(etdg, storage, ast, parallel: list, tiles: dict, in_order: boo
     return out
 
 
-def prepare(model, storage=None, local=None, scratch=False) -> tuple:
+def prepare(model, storage=None, local=None, scratch=False, packed=()) -> tuple:
     """What both targets start from: (layout, params, namer, consts, ctx struct, buffer_ref);
-    `local` as Layout's, `scratch` as context's."""
+    `local` as Layout's, `scratch` and `packed` as context's."""
     layout = Layout(model.etdg, storage, local)
     params = list(model.params)
-    ctx, buffer_ref = context(layout, params, scratch)
+    ctx, buffer_ref = context(layout, params, scratch, packed)
     return layout, params, Namer(params), {}, ctx, buffer_ref

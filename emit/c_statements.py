@@ -12,7 +12,7 @@ import numpy as np
 
 from polyft.affine import Constraint, Length
 from polyft.errors import CompileError
-from polyft.etdg import Gather, OpNode
+from polyft.etdg import Gather, OpNode, depends_on, shared_matmuls
 from polyft.primitives import getitem_axes
 
 CTYPES = {"float32": "float", "float64": "double", "float16": "float", "int64": "long long",
@@ -103,27 +103,6 @@ def cond_c(c: Constraint, dim, param) -> str:
     return f"{e} >= 0" if c.kind == "ge" else f"{e} == 0"
 
 
-def depends_on(ops, d) -> set:
-    """The operations whose value (or, for stores, whose place) changes with dim d."""
-    out = set()
-    for op in ops:
-        if op.op == "load":
-            if any(d in ix.dims for pc in op.pieces for ix in pc.index) or \
-                    any(d in c.expr.dims for pc in op.pieces for c in pc.conds):
-                out.add(op)
-        elif op.op == "store" or any(isinstance(a, OpNode) and a in out for a in op.inputs):
-            out.add(op)
-    return out
-
-
-def shared_matmuls(ops, d) -> list:
-    """The matmuls whose left rows change with dim d while the right matrix does not: what
-    tiling dim d turns into matrix-matrix products with a reused right operand."""
-    dep = depends_on(ops, d)
-    return [op for op in ops if op.op == "matmul" and op in dep and isinstance(op.inputs[0], OpNode)
-            and op.inputs[0] in dep and not (isinstance(op.inputs[1], OpNode) and op.inputs[1] in dep)]
-
-
 def shared_matmul_work(ops, d) -> int:
     """Multiply-adds of the shared matmuls of dim d (what a tile of it gains)."""
     return sum(math.prod(op.inputs[0].shape) * op.shape[-1] for op in shared_matmuls(ops, d))
@@ -136,6 +115,22 @@ def instance_flops(ops) -> int:
         return a.shape if isinstance(a, OpNode) else np.shape(a[1])
     return sum(2 * math.prod(op.shape) * shape(op.inputs[0])[-1] if op.op == "matmul" else math.prod(op.shape)
                for op in ops)
+
+
+def panel_width(kernel, Q: int) -> int:
+    """Columns of the panels the GEMM micro-kernel `kernel` (rows, 16-float vectors) walks a
+    right matrix of Q columns by: all its vectors where they divide Q, else one."""
+    return 16 * (kernel[1] if Q % (16 * kernel[1]) == 0 else 1)
+
+
+def packed_right(op):
+    """The buffer a matmul's right operand is one whole element of (one load piece), or None:
+    what a target may hand the micro-kernel as a packed copy."""
+    b = op.inputs[1]
+    if not isinstance(b, OpNode) or b.op != "load" or len(b.pieces) != 1 or b.pieces[0].buffer is None:
+        return None
+    buf = b.pieces[0].buffer.resolve()
+    return buf if tuple(buf.element_shape) == tuple(b.shape) and len(b.shape) == 2 else None
 
 
 def shared_matmul_rows(ops, d) -> int:
@@ -152,7 +147,7 @@ class StatementBody:
     matmul of per-instance rows by a shared matrix reuses each of its rows across the tile.
     """
 
-    def __init__(self, ops, dim, param, buffer_ref, const_ref, batch=None, kernel=(4, 1)):
+    def __init__(self, ops, dim, param, buffer_ref, const_ref, batch=None, kernel=(4, 1), packed=frozenset()):
         self.ops = ops
         self.dim = dim  # IterDim -> C name
         self.param = param  # parameter name -> C expression
@@ -161,6 +156,7 @@ class StatementBody:
         self.batch = batch
         self.batched: set = set()
         self.kernel = kernel  # the GEMM micro-kernel: (rows, vectors of 16 floats) of accumulators
+        self.packed = packed  # names of the buffers whose matrices the call has packed in panels
         self.sums: dict = {}  # add -> the two matmuls it sums, computed as one GEMM (_matmul_sums)
         self._in_batch = False  # generating the body of the per-instance `_b` loop
         self.lines: list = []
@@ -324,7 +320,7 @@ class StatementBody:
         GEMM gets) instead of once per instance."""
         terms = []
         for mm in mms:
-            a_op, (b, _, _) = mm.inputs[0], self._operand(mm.inputs[1])
+            a_op, b = mm.inputs[0], self._right(mm)
             if mm in self.batched:
                 P, K = a_op.shape
                 a_row = (lambda r, a=a_op, P=P, K=K: f"v{a.id}[({r}) / {P}] + (({r}) % {P})*{K}") \
@@ -337,17 +333,29 @@ class StatementBody:
         rows = f"_nb*{P}" if op in self.batched else str(P)
         return self._gemm(rows, terms, Q, lambda r: f"v{op.id} + ({r})*{Q}", ctype(op.dtype))
 
+    def _right(self, mm):
+        """The right operand of a matmul as the GEMM reads it: (C pointer, None) to a row-major
+        matrix, or (C pointer, panel width) to its packed copy (c_target.packed_weights)."""
+        buf = packed_right(mm)
+        if buf is None or buf.name not in self.packed:
+            return self._operand(mm.inputs[1])[0], None
+        pc = mm.inputs[1].pieces[0]
+        return (self.buffer_ref(pc.buffer, [self._index(ix) for ix in pc.index], packed=True),
+                panel_width(self.kernel, mm.shape[1]))
+
     def _gemm(self, nrows: str, terms: list, Q: int, out_row, t: str) -> list:
-        """out[r, :] = sum of a[r, :] @ b over the (K, a_row, b) `terms`, for r < nrows: a
-        register-blocked micro-kernel (MR rows x NV vectors of 16 floats, accumulated over
-        every term's K and stored once; self.kernel, chosen for the CPU) when 16 divides Q,
-        else plain loops. `a_row(r)` / `out_row(r)` are C pointers to row r."""
+        """out[r, :] = sum of a[r, :] @ b over the (K, a_row, (b, panel)) `terms`, for r <
+        nrows: a register-blocked micro-kernel (MR rows x NV vectors of 16 floats, accumulated
+        over every term's K and stored once; self.kernel, chosen for the CPU) when 16 divides
+        Q, else plain loops. `a_row(r)` / `out_row(r)` are C pointers to row r; `b` points to
+        the right matrix, row-major (panel None) or packed in panels of `panel` columns."""
         MR, NV = self.kernel
         NV = NV if Q % (16 * NV) == 0 else 1
         if Q % 16 or t != "float":
+            assert all(panel is None for *_, (_, panel) in terms)
             body = [cgen.Line(f"{t}* restrict _o = {out_row('_r')};"),
                     cgen.For("int _q = 0", f"_q < {Q}", "_q++", cgen.Assign("_o[_q]", "0"))]
-            for K, a_row, b in terms:
+            for K, a_row, (b, _) in terms:
                 body.append(cgen.Block([
                     cgen.Line(f"const {t}* restrict _a = {a_row('_r')};"),
                     cgen.For("int _m = 0", f"_m < {K}", "_m++", cgen.For(
@@ -358,10 +366,12 @@ class StatementBody:
         rows += [cgen.Line(f"_a{k}[_i] = {a_row('_r')};") for k, (_, a_row, _) in enumerate(terms)]
         rows += [cgen.Line(f"_o[_i] = {out_row('_r')};")]
         steps = []
-        for k, (K, _, b) in enumerate(terms):
+        for k, (K, _, (b, panel)) in enumerate(terms):
+            assert panel in (None, 16 * NV)
+            at = f"_m*{Q} + _q0" if panel is None else f"_q0*{K} + _m*{panel}"  # panel _q0 / panel starts at _q0*K
             steps.append(cgen.For("int _m = 0", f"_m < {K}", "_m++", cgen.Block(
                 [cgen.Line(f"ft_vec _w{v};") for v in range(NV)]
-                + [cgen.Statement(f"memcpy(&_w{v}, {b} + _m*{Q} + _q0 + {16 * v}, sizeof _w{v})") for v in range(NV)]
+                + [cgen.Statement(f"memcpy(&_w{v}, {b} + {at} + {16 * v}, sizeof _w{v})") for v in range(NV)]
                 + [cgen.Line(f"{acc[i][v]} += _a{k}[{i}][_m] * _w{v};") for i in range(MR) for v in range(NV)])))
         store = [cgen.Statement(f"memcpy(_o[{i}] + _q0 + {16 * v}, &{acc[i][v]}, sizeof {acc[i][v]})")
                  for v in range(NV) for i in range(MR)]
@@ -419,10 +429,11 @@ class StatementBody:
         self._matmul(op, a, b, sa[0], sa[1], sb[1])
 
     def _matmul(self, op, a, b, P, K, Q):
+        """op = a @ b (P x K times K x Q); b is read through _right, which may point to a packed copy."""
         o = self._ref(op)
         self._decl(op)
-        self.lines += self._gemm(str(P), [(K, lambda r: f"{a} + ({r})*{K}", b)], Q, lambda r: f"{o} + ({r})*{Q}",
-                                 ctype(op.dtype))
+        self.lines += self._gemm(str(P), [(K, lambda r: f"{a} + ({r})*{K}", self._right(op))], Q,
+                                 lambda r: f"{o} + ({r})*{Q}", ctype(op.dtype))
 
     def _op_transpose(self, op):
         x, s, _ = self._operand(op.inputs[0])

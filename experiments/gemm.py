@@ -6,8 +6,10 @@ matrix product of 1024 x 1024 matrices (what a tuned library reaches). Then the 
 workloads run, as polyft programs compiled to C and pinned to one thread: a map of row blocks
 times one shared weight matrix (an RNN's `x @ W` over a batch tile), and the LSTM-style sum
 `x @ W + h @ U`, which the C target computes as one GEMM over [x h] and [W; U]. Each is run
-with the micro-kernel chosen for this CPU and with the portable 4 x 1 one, beside torch's
-matmul of the same matrices on one thread. Results are checked against numpy before timing.
+with the micro-kernel chosen for this CPU and with the portable 4 x 16 one, beside torch's
+matmul of the same matrices on one thread; where the C target packs the shared matrices
+(1 MiB or more, c_target.packed_weights), also with the chosen kernel reading them in place
+(`unpacked`). Results are checked against numpy before timing.
 
 `gflops` is 2 * multiply-adds / median seconds; `of_fma_peak` its fraction of the FMA probe.
 Writes results/gemm_<preset>.csv.
@@ -33,7 +35,8 @@ from .common import meta, path, sweep
 from .reproduce import main
 
 REPEATS = {"quick": 21, "paper": 51}
-SHAPES = {"quick": [(256, 1, 256), (16, 64, 256)], "paper": [(256, 1, 256), (16, 64, 256), (256, 1, 1024)]}
+SHAPES = {"quick": [(256, 1, 256), (16, 64, 256), (256, 1, 1024)],
+          "paper": [(256, 1, 256), (16, 64, 256), (256, 1, 1024), (1024, 1, 2048)]}
 
 FMA_PROBE = """typedef float v16 __attribute__((vector_size(64)));
 double probe(long n, float x)
@@ -76,12 +79,16 @@ def torch_peak(repeats: int = 7, n: int = 1024) -> float:
 
 
 def _programs():
-    """(name, fn, inputs(M, P, H, rng), numpy reference, multiply-adds(M, P, H))."""
+    """(name, fn, inputs(M, P, H, rng), numpy reference, products of M*P x H by H x H,
+    torch(arrays) -> (run, its result as the reference's array))."""
     def rows(xs, w):
         return xs.map(lambda x: x @ w)
 
     def gates(xs, hs, w, u):
         return ft.map(lambda x, h: x @ w + h @ u, xs, hs)
+
+    def lstm_gates(xs, hs, ws, us):
+        return ft.map(lambda x, h: ft.map(lambda w, u: x @ w + h @ u, ws, us), xs, hs)
 
     def rows_in(M, P, H, rng):
         return [ft.FractalTensor.from_numpy(rng.standard_normal((M, P, H), dtype=np.float32), depth=1),
@@ -91,15 +98,41 @@ def _programs():
         x, w = rows_in(M, P, H, rng)
         h, u = rows_in(M, P, H, rng)
         return [x, h, w, u]
-    return [("x @ W", rows, rows_in, lambda x, w: x @ w, 1),
-            ("x @ W + h @ U", gates, gates_in, lambda x, h, w, u: x @ w + h @ u, 2)]
+    def lstm_gates_in(M, P, H, rng):
+        x, h, _, _ = gates_in(M, P, H, rng)
+        ws, us = ((rng.standard_normal((4, H, H)) / np.sqrt(H)).astype(np.float32) for _ in range(2))
+        return [x, h, ft.FractalTensor.from_numpy(ws, depth=1), ft.FractalTensor.from_numpy(us, depth=1)]
+
+    def lstm_gates_ref(x, h, ws, us):  # [M, 4, P, H]
+        return np.einsum("mpk,gkq->mgpq", x, ws) + np.einsum("mpk,gkq->mgpq", h, us)
+
+    def same(ref):
+        return lambda arrays, shape: _torch_same(arrays, ref, shape)
+    return [("x @ W", rows, rows_in, lambda x, w: x @ w, 1, same(lambda x, w: x @ w)),
+            ("x @ W + h @ U", gates, gates_in, lambda x, h, w, u: x @ w + h @ u, 2,
+             same(lambda x, h, w, u: x @ w + h @ u)),
+            ("4 gates: x @ W[g] + h @ U[g]", lstm_gates, lstm_gates_in, lstm_gates_ref, 8, _torch_lstm_gates)]
 
 
-def _torch_same(arrays, numpy_fn):
+def _torch_same(arrays, torch_fn, shape):
     """torch's matmuls of the same matrices: the row blocks stacked into one [M*P, H] matrix."""
     import torch
     flat = [torch.from_numpy(a.reshape(-1, a.shape[-1]) if a.ndim == 3 else a) for a in arrays]
-    return lambda: numpy_fn(*flat)
+    return lambda: torch_fn(*flat), lambda: torch_fn(*flat).numpy().reshape(shape)
+
+
+def _torch_lstm_gates(arrays, shape):
+    """The four gates as torch.nn.LSTM computes them: x @ [W0 .. W3] + h @ [U0 .. U3], the
+    gates' weights concatenated once (outside the timing), one addmm over both products."""
+    import torch
+    x, h, ws, us = arrays
+    M, P, H = x.shape
+    x, h = (torch.from_numpy(a.reshape(-1, H)) for a in (x, h))
+    w, u = (torch.from_numpy(np.ascontiguousarray(a.transpose(1, 0, 2).reshape(H, 4 * H))) for a in (ws, us))
+
+    def run():
+        return torch.addmm(torch.mm(x, w), h, u)
+    return run, lambda: run().numpy().reshape(M, P, 4, H).transpose(0, 2, 1, 3).reshape(shape)
 
 
 def run(preset: str = "quick", out_dir: str = "results", resume: bool = False) -> pd.DataFrame:
@@ -113,7 +146,7 @@ def run(preset: str = "quick", out_dir: str = "results", resume: bool = False) -
     target = TARGETS["c"][0]
 
     def point(p) -> list:
-        (M, P, H), (name, fn, make, ref, products) = p
+        (M, P, H), (name, fn, make, ref, products, torch_fn) = p
         rng = np.random.default_rng(M * P + H)
         inputs = make(M, P, H, rng)
         arrays = [x.to_numpy() if isinstance(x, ft.FractalTensor) else x for x in inputs]
@@ -122,20 +155,22 @@ def run(preset: str = "quick", out_dir: str = "results", resume: bool = False) -
         common = dict(product=name, M=M, P=P, H=H, threads=1, peak_fma_gflops=round(peak, 1),
                       peak_torch_gflops=round(lib_peak, 1), **info)
         systems = []
-        for kernel in kernels:
-            target.kernel = kernel
+        for kernel, pack in [(k, True) for k in kernels] + [(chosen, False)]:
+            target.kernel, target.pack = kernel, pack
             try:
                 prog = ft.compile(fn, *inputs)
             finally:
-                target.kernel = None
+                target.kernel, target.pack = None, True
+            if not pack and systems[0][3] == prog.source:
+                continue  # nothing packed: the chosen kernel's row already measures it
             prog.threads.fixed = 1
             go, _ = prog.bind(*inputs)
-            label = f"polyft-c {kernel[0]}x{16 * kernel[1]}" + (" (chosen)" if kernel == chosen else "")
-            systems.append((label, go, lambda prog=prog: prog(*inputs).to_numpy()))
-        t_run = _torch_same(arrays, ref)
-        systems.append(("torch-mm", t_run, lambda: t_run().numpy().reshape(expected.shape)))
+            label = f"polyft-c {kernel[0]}x{16 * kernel[1]}" + (" (chosen)" if kernel == chosen and pack else "") \
+                + ("" if pack else " unpacked")
+            systems.append((label, go, lambda prog=prog: prog(*inputs).to_numpy(), prog.source))
+        systems.append(("torch-mm", *torch_fn(arrays, expected.shape), None))
         rows = []
-        for label, go, result in systems:
+        for label, go, result, _ in systems:
             go()
             err = rel_error(result(), expected)
             if not err < 1e-4:

@@ -268,6 +268,27 @@ def ops(node) -> list:
     return [n for n in walk(node) if isinstance(n, OpNode)]
 
 
+def depends_on(ops, d) -> set:
+    """The operations whose value (or, for stores, whose place) changes with dim d."""
+    out = set()
+    for op in ops:
+        if op.op == "load":
+            if any(d in ix.dims for pc in op.pieces for ix in pc.index) or \
+                    any(d in c.expr.dims for pc in op.pieces for c in pc.conds):
+                out.add(op)
+        elif op.op == "store" or any(isinstance(a, OpNode) and a in out for a in op.inputs):
+            out.add(op)
+    return out
+
+
+def shared_matmuls(ops, d) -> list:
+    """The matmuls whose left rows change with dim d while the right matrix does not: what
+    tiling dim d turns into matrix-matrix products with a reused right operand."""
+    dep = depends_on(ops, d)
+    return [op for op in ops if op.op == "matmul" and op in dep and isinstance(op.inputs[0], OpNode)
+            and op.inputs[0] in dep and not (isinstance(op.inputs[1], OpNode) and op.inputs[1] in dep)]
+
+
 def reads(node) -> set:
     """The buffer nodes (resolved) that the sub-graph's loads read, gathers' index buffers included."""
     out = set()

@@ -43,8 +43,8 @@ from polyft.deps.analyze import analyze
 from polyft.deps.critical import critical_path
 from polyft.deps.model import build
 from polyft.errors import PolyftError, ScheduleError
-from polyft.etdg import (ETDG, BlockNode, Gather, OpNode, Piece, Statement, blocks, drop_dead_ops,
-                         merge_perfect_nests, ops, reads, referenced, set_body, writes)
+from polyft.etdg import (ETDG, BlockNode, Gather, OpNode, Piece, Statement, blocks, depends_on, drop_dead_ops,
+                         merge_perfect_nests, ops, reads, referenced, set_body, shared_matmuls, writes)
 
 # ---------------------------------------------------------------------------------------
 # Table 3
@@ -552,13 +552,29 @@ def _mentions_in_conds(node, dims) -> bool:
     return False
 
 
+def _splits_a_shared_matmul(block: BlockNode, a: IterDim, b: IterDim) -> bool:
+    """Whether a matmul in the block takes its left operand along one of the dims a, b and
+    its right matrix along the other alone of the block's dims and those inside it (x[i] @
+    w[g] over a batch i and the gates g): tiling the first dim makes one GEMM of each shared
+    matrix (etdg.shared_matmuls), which the merged dim, along which both operands change,
+    would lose. A right operand that also changes along other dims (flash attention's key
+    tiles, along the reduction inside) is no weight a tile keeps: the merge goes ahead."""
+    body = ops(block)
+    inside = [d for blk in blocks(block) for d in blk.dims]
+
+    def along(op) -> set:
+        return {id(d) for d in inside if op in depends_on(body, d)}
+    return any(isinstance(mm.inputs[1], OpNode) and along(mm.inputs[1]) == {id(other)}
+               for d, other in ((a, b), (b, a)) for mm in shared_matmuls(body, d))
+
+
 def _depthwise_ok(block: BlockNode, x: int, ops) -> str | None:
     a, b = block.dims[x], block.dims[x + 1]
     if a.op != b.op or a.op not in ops:
         return None
     if not b.extent.is_concrete or b.extent.const < 1:
         return None
-    if _mentions_in_conds(block, (a, b)):
+    if _mentions_in_conds(block, (a, b)) or _splits_a_shared_matmul(block, a, b):
         return None
     return "ok"
 
@@ -568,9 +584,11 @@ def depthwise_merge(etdg: ETDG, log: list | None = None, ops=("map",)) -> ETDG:
 
     Dims `a` (outer) and `b` (inner, next to it) merge into `t = a*n + b`, `t < extent(a)*n`,
     when: both have the same operator, one of `ops` (default map only); `n = extent(b)` is a
-    constant (so `a = floor(t/n)`, `b = t mod n` are quasi-affine); and no access in the
-    block's sub-graph is conditioned on `a` or `b` (each buffer interacts with both dims by
-    an access or an invariant relation, never a non-access one). Accesses are rewritten and
+    constant (so `a = floor(t/n)`, `b = t mod n` are quasi-affine); no access in the block's
+    sub-graph is conditioned on `a` or `b` (each buffer interacts with both dims by an
+    access or an invariant relation, never a non-access one); and no matmul takes its left
+    operand along one of them and its right matrix along the other alone (`x[i] @ w[g]`: a
+    tile of i shares each w[g], the reuse a GEMM needs, which t would lose). Accesses are rewritten and
     simplified: an access along `a*n + b` becomes linear in `t`, an access along `a` alone
     (invariant in `b`) becomes `floor(t/n)`, along `b` alone `t mod n` — the strided forms.
     The iteration order is unchanged ((a, b) -> a*n + b is order-preserving and both dims run

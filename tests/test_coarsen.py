@@ -321,6 +321,26 @@ def test_depthwise_refuses_symbolic_inner_extents_different_ops_and_conditioned_
     check(new, padded, (XSS,), e)
 
 
+def test_depthwise_keeps_a_batch_apart_from_the_weights_it_shares():
+    """x[i] @ w[g]: the batch i and the gates g stay two dims (a tile of i shares each w[g],
+    one GEMM per gate); with weights per instance (w[i, g]) or a shared one (w) they merge."""
+    xs, ws, wss = lst((5, 1, 4), 1, seed=2), lst((3, 4, 4), 1, seed=3), lst((5, 3, 4, 4), 2, seed=4)
+
+    def gates(xs, ws):
+        return ft.map(lambda x: ft.map(lambda w: x @ w, ws), xs)
+
+    def own(xs, wss):
+        return ft.map(lambda x, ws: ft.map(lambda w: x @ w, ws), xs, wss)
+
+    def shared(xs, ws):
+        return ft.map(lambda x: ft.map(lambda w: x @ ws[0], ws), xs)
+    for fn, args, dims in ((gates, (xs, ws), 2), (own, (xs, wss), 1), (shared, (xs, ws), 1)):
+        e = ft.trace(fn, *args)
+        new, log = C.coarsen(e)
+        assert [len(b.dims) for b in blocks(new)] == [dims], (fn.__name__, log)
+        check(new, fn, args, e)
+
+
 # -- access map fusion and dead buffers ---------------------------------------------------------
 def copy_then_use(xss):
     yss = ft.map(lambda xs: xs.shift(1), xss)  # a view returned by a map: the tracer copies it

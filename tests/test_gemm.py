@@ -7,7 +7,11 @@
   second product into the first's registers), batched over a map and unbatched inside a scan;
   a matmul also used elsewhere is not fused;
 * the kernel follows the compiler's instruction set (`native_features`), which is part of the
-  compile cache key.
+  compile cache key;
+* a large shared matrix is packed in panels before the call (`ft_pack`) and the micro-kernel
+  reads the packed copy: the same results on every kernel, panel width, list nesting (the
+  LSTM's [D, 4] gate weights), inside a scan and on 1-3 threads; only read-only matrices that
+  meet enough rows are packed (`packed_weights`).
 """
 from __future__ import annotations
 
@@ -16,11 +20,13 @@ import platform
 import pytest
 
 import polyft as ft
-from polyft.emit import runtime_c
+from polyft.emit import c_target, runtime_c
 from polyft.emit.c_target import micro_kernel
 from polyft.emit.targets import TARGETS
+from polyft.workloads import stacked_lstm
 
 from helpers import assert_same, flist, rand
+from test_threads import assert_same_bits_on_1_to_3_threads
 
 pytestmark = pytest.mark.usefixtures("compile_cache")
 
@@ -106,3 +112,65 @@ def test_tiles_bring_about_128_rows(P, width):
     assert f", {width}, 1);" in prog.source.split("ft_split(", 2)[-1]
     xs, w = flist([37], [P, 16], 1), rand((16, 16), 2) / 4
     assert_same(prog(xs, w), rows(xs, w))
+
+
+def packed(source: str) -> int:
+    """How many buffers the generated C packs before it runs."""
+    return source.count("ft_pack(ctx.b")
+
+
+@pytest.fixture
+def pack_all(monkeypatch):
+    """Every matrix a matmul shares counts as large: small programs take the packed path."""
+    monkeypatch.setattr(c_target, "PACK_BYTES", 0)
+    monkeypatch.setattr(c_target, "PACK_ROWS", 1)
+
+
+@pytest.mark.parametrize("N, P, H, Q", [(19, 1, 32, 64), (5, 3, 16, 48), (16, 2, 8, 24)])
+def test_packed_sum_of_matmuls_over_a_map(kernel, pack_all, N, P, H, Q):
+    xs, hs = flist([N], [P, H], 1), flist([N], [P, H], 2)
+    w, u = rand((H, Q), 3), rand((H, Q), 4)
+    prog = ft.compile(gates, xs, hs, w, u)
+    assert packed(prog.source) == (2 if Q % 16 == 0 else 0)  # 24 columns: plain loops, nothing packed
+    assert_same(prog(xs, hs, w, u), gates(xs, hs, w, u))
+
+
+def test_packed_matrix_inside_a_scan_and_read_elsewhere(kernel, pack_all):
+    """The scan's matmul is not batched; `w` is also an operand of an add, which reads the
+    original: both copies stay right."""
+    def rnn(xs, w):
+        return xs.scanl(lambda h, x: ft.tanh(x @ w + h @ w) + w[:3] * 0.5, ft.zeros((3, 32)))
+    xs, w = flist([7], [3, 32], 5), rand((32, 32), 6) / 6
+    prog = ft.compile(rnn, xs, w)
+    assert packed(prog.source) == 1
+    assert_same(prog(xs, w), rnn(xs, w))
+
+
+def test_packed_lstm_gate_weights(pack_all):
+    """The stacked LSTM's [D, 4] lists of gate weights: each matrix packed in its own place,
+    the same on 1-3 threads, for concrete and for symbolic lengths."""
+    inputs = stacked_lstm.lstm_inputs(5, 3, 4, 32, seed=7)
+    for args in (inputs, stacked_lstm.specs("small", H=32)):
+        prog = ft.compile(stacked_lstm.program, *args)
+        assert packed(prog.source) == 2
+        assert_same_bits_on_1_to_3_threads(prog, stacked_lstm.program, *inputs)
+
+
+def test_only_large_read_only_matrices_meeting_enough_rows_are_packed():
+    """At the real thresholds: a 512 x 512 weight (1 MiB) met by 64 rows is packed, by 16 rows
+    not (the pack would cost more than it saves), a 256 x 256 one (256 KiB) not; a right
+    operand the program computes is never packed."""
+    def rows(xs, w):
+        return xs.map(lambda x: x @ w)
+
+    def computed(xs, w):
+        return xs.map(lambda x: x @ (w * 2))
+    w = rand((512, 512), 1) / 20
+    for n, expected in ((64, 1), (16, 0)):
+        xs = flist([n], [1, 512], 2)
+        prog = ft.compile(rows, xs, w)
+        assert packed(prog.source) == expected, n
+        assert_same(prog(xs, w), rows(xs, w))
+    assert packed(ft.compile(rows, ft.spec("[N]float32[1, 512]"), w).source) == 1  # rows unknown: packed
+    assert packed(ft.compile(rows, flist([64], [1, 256], 3), w[:256, :256]).source) == 0
+    assert packed(ft.compile(computed, flist([64], [1, 512], 4), w).source) == 0
