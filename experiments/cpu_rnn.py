@@ -1,6 +1,7 @@
-"""CPU benchmark of the RNN family: eager numpy, generated C (original and auto schedules),
-a torch eager per-cell loop and torch.nn.LSTM, side by side in one run, checked against the
-eager result before timing (experiments/measure.py). Writes results/cpu_rnn_<preset>.csv.
+"""CPU benchmark of the RNN family: eager numpy, generated C (original and auto schedules; for
+the stacked LSTM also a tiled wavefront written by hand), a torch eager per-cell loop and
+torch.nn.LSTM, side by side in one run, checked against the eager result before timing
+(experiments/measure.py). Writes results/cpu_rnn_<preset>.csv.
 
     python -m polyft.experiments.cpu_rnn [--quick | --paper] [--out DIR] [--resume]
 """
@@ -29,7 +30,7 @@ def points(preset: str) -> list:
 
 def run(preset: str = "quick", out_dir: str = "results", resume: bool = False,
         repeats: int | None = None) -> pd.DataFrame:
-    return sweep("cpu_rnn", points(preset), preset, out_dir, repeats, resume)
+    return sweep("cpu_rnn", points(preset), preset, out_dir, repeats, resume, by_hand=True)
 
 
 def result_text(out_dir: str, preset: str) -> str:
@@ -47,7 +48,7 @@ def table(df: pd.DataFrame) -> str:
              "|---|---|" + "---|" * (len(piv.columns) + 2)]
     for key, row in piv.iterrows():
         w, s = key.split("|")
-        cells = " | ".join("-" if pd.isna(v) else f"{v:.1f}" for v in row)
+        cells = " | ".join("-" if pd.isna(v) else f"{v:.2f}" for v in row)
         lines.append(f"| {w} | {s} | {cells} | {row.get('numpy-eager', float('nan')) / row['c-auto']:.1f}x | "
                      f"{row['torch-cell-loop'] / row['c-auto']:.2f}x |")
     return "\n".join(lines)

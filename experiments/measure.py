@@ -103,16 +103,17 @@ def _why_absent(gpu: bool, modules=(), missing_impl: str = "") -> str:
 _COMPILED: dict = {}
 
 
-def _polyft(target: str, schedule: str, threads: int | None = None):
+def _polyft(target: str, schedule: str, threads: int | None = None, coarsen: bool = False):
     """Generated code: compiled once per (workload, static shape) from the specs, so one
     shared object serves every length of a sweep; bound to the point's inputs for timing.
-    `threads` pins the C target's thread count for this system's calls (else its default)."""
+    `threads` pins the C target's thread count for this system's calls (else its default);
+    `coarsen` as ft.compile's (for a schedule by hand)."""
     def build(inputs, workload=None, sizes=None):
         mod = get(workload)
         specs = mod.specs("small", **sizes)
         key = (workload, target, schedule, tuple(str(s) for s in specs))
         if key not in _COMPILED:
-            _COMPILED[key] = ft.compile(mod.program, *specs, target=target, schedule=schedule)
+            _COMPILED[key] = ft.compile(mod.program, *specs, target=target, schedule=schedule, coarsen=coarsen)
         prog = _COMPILED[key]
         go, _ = prog.bind(*inputs)
         if threads is None:
@@ -141,15 +142,19 @@ def _torch(fn, device, compile=False):
     return build
 
 
-def systems(workload: str) -> list:
+def systems(workload: str, by_hand: bool = False) -> list:
     """Every system of `workload`, CPU first, GPU ones absent (with the reason) where they
-    cannot run here."""
+    cannot run here; with `by_hand`, also the workload's schedule by hand where it has one."""
     gpu = gpu_available()
     out = [System(EAGER, "cpu", _eager, note="the program run eagerly on numpy (the reference)"),
            System("c-original", "cpu", _polyft("c", "original"), note="generated C, the nest as written"),
            System("c-auto", "cpu", _polyft("c", "auto"), note="generated C, coarsened and reordered (§5)"),
            System("c-auto-1thread", "cpu", _polyft("c", "auto", threads=1),
                   note="generated C, coarsened and reordered, pinned to one thread")]
+    if by_hand and hasattr(get(workload), "tiled_wavefront"):
+        out.append(System("c-tiled-wavefront", "cpu", _polyft("c", get(workload).tiled_wavefront(), coarsen=True),
+                          note="generated C, a schedule by hand: each layer's steps in tiles of 4, the tiles "
+                               "in a wavefront (the weights of one layer kept for 4 steps)"))
     out += [System(name, "cpu", _torch(fn, "cpu"), note=what) for name, fn, what in TORCH[workload]]
     cuda = _why_absent(gpu, ["pycuda"])
     out += [System(f"polyft-cuda-{s}", "cuda", _polyft("cuda", s), cuda, f"generated CUDA, schedule {s}")
@@ -231,9 +236,10 @@ def instances(workload: str, sizes: dict) -> int:
 
 
 def measure(workload: str, sizes: dict, preset: str = "quick", repeats: int | None = None,
-            warmup: int = WARMUP, extra: dict | None = None, info: dict | None = None) -> list:
+            warmup: int = WARMUP, extra: dict | None = None, info: dict | None = None, by_hand: bool = False) -> list:
     """One row per system of `workload` at `sizes` (inputs: the "small" preset overridden
-    by `sizes`, seed 1); `extra` columns (depth, panel, ...) are copied into every row."""
+    by `sizes`, seed 1); `extra` columns (depth, panel, ...) are copied into every row;
+    `by_hand` as systems'."""
     mod = get(workload)
     repeats = repeats or REPEATS.get(preset, 3)
     info = {k: v for k, v in (info or meta()).items() if k != "device"}  # device: per system
@@ -247,7 +253,7 @@ def measure(workload: str, sizes: dict, preset: str = "quick", repeats: int | No
         reference, ref_name = fn(*inputs).result(), f"{name} (cpu)"
     load, threads = os.getloadavg()[0], set_threads()
     rows, timed = [], []  # timed: (row, built system, device) of those that passed their check
-    for system in systems(workload):
+    for system in systems(workload, by_hand):
         row = dict(common, system=system.name, device=device_name(system.device), status="ok",
                    seconds=float("nan"), seconds_min=float("nan"), seconds_max=float("nan"), repeats=0,
                    warmup=0, rel_error=float("nan"), checked_against="",
@@ -285,12 +291,14 @@ class Point:
 
 
 def sweep(name: str, points: list, preset: str, out_dir: str, repeats: int | None = None,
-          resume: bool = False) -> pd.DataFrame:
+          resume: bool = False, by_hand: bool = False) -> pd.DataFrame:
     """Measure every point (common.sweep: <out_dir>/<name>_<preset>.csv written after each point,
-    a progress bar, --resume). Raises after writing when a system disagreed with the reference."""
+    a progress bar, --resume; `by_hand` as systems'). Raises after writing when a system
+    disagreed with the reference."""
     info = meta()
     df = common.sweep(name, preset, out_dir, points,
-                      lambda p: measure(p.workload, p.sizes, preset, repeats, extra=p.extra, info=info),
+                      lambda p: measure(p.workload, p.sizes, preset, repeats, extra=p.extra, info=info,
+                                        by_hand=by_hand),
                       key=lambda p: dict(workload=p.workload, shape=shape_string(p.sizes), **p.extra), resume=resume)
     wrong = df[df["status"].str.startswith("wrong")]
     if len(wrong):

@@ -35,6 +35,17 @@ def test_sweep_configs_are_well_formed(name, preset):
             (m, k) for m in ("middle", "large") for k in ("depth", "seq_len")}
 
 
+def test_a_schedule_by_hand_is_measured_only_where_asked():
+    """cpu_rnn times the stacked LSTM's tiled wavefront (checked against eager like every
+    system); the other experiments leave it out."""
+    sizes = dict(N=2, H=16, L=6, D=3)
+    assert "c-tiled-wavefront" not in [s.name for s in measure.systems("stacked_lstm")]
+    assert "c-tiled-wavefront" not in [s.name for s in measure.systems("stacked_rnn", by_hand=True)]
+    rows = measure.measure("stacked_lstm", sizes, repeats=1, by_hand=True)
+    (row,) = [r for r in rows if r["system"] == "c-tiled-wavefront"]
+    assert row["status"] == "ok" and row["rel_error"] < 1e-4 and row["checked_against"] == "numpy-eager"
+
+
 def test_quick_inputs_build():
     for name in ("fig7", "fig8"):
         for p in SWEEPS[name].points("quick"):
@@ -61,8 +72,8 @@ def test_measure_checks_times_and_reports_absent_systems():
 def test_a_wrong_system_is_a_row_and_fails_the_sweep(tmp_path, monkeypatch):
     real = measure.systems
 
-    def with_a_wrong_one(workload):
-        out = real(workload)
+    def with_a_wrong_one(workload, by_hand=False):
+        out = real(workload, by_hand)
         import polyft.experiments.baselines as bl
 
         def wrong(inputs, workload=None, sizes=None):

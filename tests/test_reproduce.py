@@ -90,7 +90,7 @@ class Interrupt(Exception):
 def _fake_measure(calls: list, fail_after=None):
     """measure.measure without measuring: two systems' rows per point; `calls` records the
     points measured; the call after `fail_after` points raises (an interrupted run)."""
-    def fake(workload, sizes, preset="quick", repeats=None, warmup=None, extra=None, info=None):
+    def fake(workload, sizes, preset="quick", repeats=None, warmup=None, extra=None, info=None, by_hand=False):
         if fail_after is not None and len(calls) == fail_after:
             raise Interrupt
         calls.append((workload, measure.shape_string(sizes), tuple((extra or {}).items())))

@@ -67,6 +67,15 @@ def program(xss, wss, uss, bss):
     return hsss, csss
 
 
+def tiled_wavefront(steps: int = 4) -> str:
+    """A schedule by hand (for `ft.compile(..., coarsen=True)`, whose statements are the gates
+    S_b3 and the cell S_b0): each layer runs its time steps in tiles of `steps`, the tiles in
+    a wavefront (layer j's tile t at time j + t), so a thread keeps one layer's weights for a
+    tile's steps where the auto schedule's wavefront moves to the next layer every step."""
+    t = f"j + floor(k/{steps})"
+    return f"{{ S_b0[i, j, k] -> [{t}, j, k, i, 1, 0]; S_b3[i, j, k, l] -> [{t}, j, k, i, 0, l] }}"
+
+
 def inputs(preset="small", seed=0, **overrides):
     s = sizes("stacked_lstm", PRESETS, preset, overrides)
     return lstm_inputs(s["N"], s["D"], s["L"], s["H"], seed)
