@@ -149,7 +149,7 @@ def local_batches(etdg, storage, ast, parallel: list, tiles: dict, in_order: boo
 def prepare(model, storage=None, local=None, scratch=False, packed=()) -> tuple:
     """What both targets start from: (layout, params, namer, consts, ctx struct, buffer_ref);
     `local` as Layout's, `scratch` and `packed` as context's."""
-    layout = Layout(model.etdg, storage, local)
+    layout = Layout(model.etdg, storage, local, packed)
     params = list(model.params)
     ctx, buffer_ref = context(layout, params, scratch, packed)
     return layout, params, Namer(params), {}, ctx, buffer_ref

@@ -17,13 +17,16 @@ class Layout:
     stored: with a storage mapping (schedule.storage.Storage) a contracted buffer keeps only
     its cells; without one every buffer holds one element per instance. `local` (buffer name
     -> storage.Batch) names the buffers the target keeps in a per-thread scratch it allocates
-    itself (their cells are those of one thread's batch); the caller allocates the others."""
+    itself (their cells are those of one thread's batch); the caller allocates the others.
+    `packed` names the read-only buffers of which a call keeps a packed copy (the C target's
+    large shared matrices: c_target.packed_weights)."""
 
-    def __init__(self, etdg, storage=None, local=None):
+    def __init__(self, etdg, storage=None, local=None, packed=()):
         self.buffers = list({id(b.resolve()): b.resolve() for b in etdg.buffers}.values())
         self.index = {id(b): k for k, b in enumerate(self.buffers)}
         self.storage = storage
         self.local = dict(local or {})
+        self.packed = frozenset(packed)
 
     def slot(self, buf) -> int:
         return self.index[id(buf.resolve())]

@@ -16,8 +16,10 @@ shape), in bytes:
                                   target allocates it (per thread, for its batch of iterations;
                                   buffers never live at once share a region of it)
     threads                       threads the C code runs (this machine's cores)
+    packed_bytes                  the packed copies of large shared matrices a C call keeps
+                                  (emit.c_target.packed_weights)
     total_full_bytes              io + the intermediates uncontracted
-    total_allocated_bytes         io + allocated + threads x local
+    total_allocated_bytes         io + allocated + threads x local + packed
     ratio_full / ratio_allocated  total / io
 
 and what the generated code moves (deps.traffic.code_traffic on the scheduled, coarsened ETDG).
@@ -90,13 +92,14 @@ def measure(name: str, shape: str) -> dict:
     full, alloc = int(inter["full_bytes"].sum()), int(inter["allocated_bytes"].sum())
     local = per_thread(inter)
     threads = os.cpu_count()
-    total = io + alloc + threads * local
+    packed = int(mem["packed_bytes"].sum())
+    total = io + alloc + threads * local + packed
     on_chip = set(inter.loc[inter["placement"] == "local", "buffer"])
     code = code_traffic(prog.etdg, sizes)
     ideal = traffic(prog.etdg, sizes)
     row = dict(workload=name, preset=shape, shape=_text(mod.PRESETS[shape]), lengths=_text(sizes), io_bytes=io,
                intermediate_full_bytes=full, intermediate_allocated_bytes=alloc, intermediate_local_bytes=local,
-               threads=threads, total_full_bytes=io + full, total_allocated_bytes=total,
+               threads=threads, packed_bytes=packed, total_full_bytes=io + full, total_allocated_bytes=total,
                ratio_full=(io + full) / io, ratio_allocated=total / io, intermediates=len(inter),
                contracted=int((inter["allocated_bytes"] + inter["local_bytes"] < inter["full_bytes"]).sum()),
                largest_intermediate="", largest_intermediate_allocated_bytes=0, largest_intermediate_cells="",

@@ -10,7 +10,8 @@ import pandas as pd
 from polyft.deps.analyze import analyze as dependences
 from polyft.deps.model import build, check_sizes
 from polyft.emit.c_statements import native_dtype
-from polyft.emit.c_target import CTarget
+from polyft.emit.c_target import CTarget, micro_kernel, packed_weights
+from polyft.emit.runtime_c import native_features
 from polyft.emit.targets import select
 from polyft.schedule.coarsen import coarsen as coarsen_etdg
 from polyft.schedule.schedule import make_schedule, schedule_kind
@@ -53,11 +54,12 @@ class Program:
     def memory(self, sizes: dict | None = None) -> pd.DataFrame:
         """One row per buffer: role, full_bytes (one element per instance), allocated_bytes
         (what is stored in memory shared by all threads), local_bytes (what one thread keeps
-        in its own scratch), placement, region (local buffers with one region number are never
-        live at once and share a place in the scratch, which holds the largest of them; -1 for
-        others) and the ISL mapping element -> cell. A local buffer is counted as the C target
-        keeps it: per thread, for its `local_batch(buffer)`. `sizes` gives
-        the lengths the program was not built with (none for programs from concrete inputs)."""
+        in its own scratch), packed_bytes (the packed copy of a large shared matrix a call
+        keeps beside it, `packed`), placement, region (local buffers with one region number are
+        never live at once and share a place in the scratch, which holds the largest of them;
+        -1 for others) and the ISL mapping element -> cell. A local buffer is counted as the C
+        target keeps it: per thread, for its `local_batch(buffer)`. `sizes` gives the lengths
+        the program was not built with (none for programs from concrete inputs)."""
         env = _lengths(self.model, sizes)
         width_of = {name: self.local_batch(s.buffer) for name, s in self.storage.buffers.items()}
         widths = {name: w for name, w in width_of.items() if w}
@@ -72,6 +74,7 @@ class Program:
             rows.append(dict(buffer=buf.name, role=ROLES[buf.kind],
                              full_bytes=int(np.prod(extents(buf.dims, env), dtype=np.int64)) * elem,
                              allocated_bytes=0 if width else cells, local_bytes=cells if width else 0,
+                             packed_bytes=cells if buf.name in self.packed else 0,
                              placement="local" if width else "global", region=region.get(buf.name, -1),
                              mapping=str(mapping.gist_params(self.model.context)) if mapping is not None
                              else "identity"))
@@ -83,6 +86,12 @@ class Program:
         if self._local is None:
             self._local = CTarget.local_batches(self.model, self.schedule, self.storage)
         return self._local.get(buf.resolve().name)
+
+    @property
+    def packed(self) -> frozenset:
+        """The buffers of which the C target's code packs a copy before it runs (large matrices
+        that matmuls share: emit.c_target.packed_weights)."""
+        return frozenset(packed_weights(self.model, micro_kernel(native_features())))
 
     def __repr__(self):
         return f"<Program {self.etdg.signature()}, {self.schedule.kind} schedule>"
@@ -114,6 +123,11 @@ class CompiledProgram(Program):
         """The storage.Batch of `buf`'s per-thread scratch in the generated code (None: the
         buffer is in the arrays the caller allocates)."""
         return self.layout.batch(buf)
+
+    @property
+    def packed(self) -> frozenset:
+        """The buffers of which the generated code packs a copy before it runs."""
+        return self.layout.packed
 
     @property
     def threads(self):

@@ -171,6 +171,10 @@ def test_only_large_read_only_matrices_meeting_enough_rows_are_packed():
         prog = ft.compile(rows, xs, w)
         assert packed(prog.source) == expected, n
         assert_same(prog(xs, w), rows(xs, w))
+        # the copy is memory the call keeps: memory() counts it, as analyze() foresees it
+        assert prog.packed == ft.analyze(rows, xs, w).packed == ({"w"} if expected else set())
+        assert dict(prog.memory().set_index("buffer")["packed_bytes"]) == {"xs": 0, "w": 1 << 20 if expected else 0,
+                                                                            "out": 0}
     assert packed(ft.compile(rows, ft.spec("[N]float32[1, 512]"), w).source) == 1  # rows unknown: packed
     assert packed(ft.compile(rows, flist([64], [1, 256], 3), w[:256, :256]).source) == 0
     assert packed(ft.compile(computed, flist([64], [1, 512], 4), w).source) == 0
