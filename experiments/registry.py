@@ -44,16 +44,18 @@ ARTEFACTS = {
                                "polyft's schedule against the nest as written and against isl's own scheduler, "
                                "beside the program's critical path, per workload."}),
     "cpu_rnn": Artefact("polyft.experiments.cpu_rnn", "CPU timings of the RNN family", {
-        "cpu_rnn.csv": "Eager numpy, generated C (original and auto schedules), torch per-cell loops and "
-                       "torch.nn.LSTM on the RNN workloads at a few depths, on the CPU."}),
+        "cpu_rnn.csv": "Eager numpy, generated C (original and auto schedules; the stacked LSTM also with a "
+                       "tiled wavefront by hand), torch per-cell loops and torch.nn.LSTM on the RNN workloads "
+                       "at a few depths, on the CPU."}),
     "threads": Artefact("polyft.experiments.threads", "CPU threads that never hurt", {
         "threads.csv": "The generated C of every workload at Figure 7's quick shapes on one thread, on every "
                        "core and at its measured default, with the machine idle and with one core busy, and "
                        "each count's time over one thread's."}),
     "gemm": Artefact("polyft.experiments.gemm", "The generated GEMM against the CPU's peak", {
         "gemm.csv": "GFLOP/s of the generated C's matrix products (x @ W over a batch of rows, x @ W + h @ U as "
-                    "one GEMM) on one core, with the micro-kernel chosen for the CPU and the portable one, "
-                    "beside torch's matmul and the core's measured FMA peak."}),
+                    "one GEMM, an LSTM's four gates) on one core, with the micro-kernel chosen for the CPU and "
+                    "the portable one, and unpacked where the C target packs the shared matrices, beside "
+                    "torch's matmul (the gates concatenated, as nn.LSTM) and the core's measured FMA peak."}),
     "fig2": Artefact("polyft.experiments.fig2", "Figure 2", {
         "fig2.csv": "Time against stack depth of the stacked RNN and the stacked LSTM, every system "
                     "(GPU systems as absent rows where there is no GPU)."}),
@@ -73,7 +75,8 @@ ARTEFACTS = {
                        "contraction", {
         "memory.csv": "Per workload at the small and the paper shape: bytes of inputs + outputs, of the "
                       "intermediates with one element per instance and as contracted under the auto schedule, "
-                      "their ratios, and the bytes the generated code moves beside Table 7's deferred model.",
+                      "the packed copies of large weights, their ratios, and the bytes the generated code moves "
+                      "beside Table 7's deferred model.",
         "memory_large.csv": "(--paper only) Flash attention compiled in C at a shape whose uncontracted buffers exceed "
                             "the machine's memory: bytes before/after contraction, peak memory, time beside "
                             "torch's SDPA, relative error."}),
