@@ -66,7 +66,7 @@ from .reproduce import main
 
 SHAPES = ("small", "paper")
 COLUMNS = ["workload", "preset", "shape", "lengths", "io_bytes", "intermediate_full_bytes",
-           "intermediate_allocated_bytes", "intermediate_local_bytes", "threads", "total_full_bytes",
+           "intermediate_allocated_bytes", "intermediate_local_bytes", "threads", "packed_bytes", "total_full_bytes",
            "total_allocated_bytes", "ratio_full",
            "ratio_allocated", "intermediates", "contracted", "largest_intermediate",
            "largest_intermediate_allocated_bytes", "largest_intermediate_cells", "code_bytes_moved",

@@ -163,7 +163,7 @@ def test_inspect_storage_shows_the_contracted_gates_and_bytes(capsys):
     table = out.split("full_bytes")[1]
     row = next(line.split() for line in table.splitlines() if line.split()[:1] == [gates.split(":")[0]])
     assert "local    cells [N, 1, 1, 4] per thread running 1 iteration(s)" in out
-    assert row[1] == "intermediate" and int(row[3]) == 0 and row[5] == "local"
+    assert row[1] == "intermediate" and int(row[3]) == 0 and int(row[5]) == 0 and row[6] == "local"  # packed: 0
     assert int(row[2]) == 3 * 5 * int(row[4])  # D = 3 layers, L = 5 steps in 1 cell
     assert main(["inspect", "stacked_lstm", "--storage"]) == 0
     assert "give concrete --size for D, L, N" in capsys.readouterr().out

@@ -226,7 +226,10 @@ def test_memory_rows_and_plot(tmp_path):
             <= got["intermediate_full_bytes"]).all()
     assert (got["total_full_bytes"] == got["io_bytes"] + got["intermediate_full_bytes"]).all()
     assert (got["total_allocated_bytes"] == got["io_bytes"] + got["intermediate_allocated_bytes"]
-            + got["threads"] * got["intermediate_local_bytes"]).all()
+            + got["threads"] * got["intermediate_local_bytes"] + got["packed_bytes"]).all()
+    packed = got.set_index(["workload", "preset"])["packed_bytes"]
+    assert packed[("stacked_rnn", "paper")] == 32 * 512 * 512 * 4  # its D = 32 weights of 512 x 512
+    assert (packed.drop(("stacked_rnn", "paper")) == 0).all()
     assert np.allclose(got["ratio_allocated"], got["total_allocated_bytes"] / got["io_bytes"])
     assert (got["ratio_allocated"] >= 1).all()
     # at the paper's shapes, with 2 threads' scratch (this CI machine's): flash attention and
