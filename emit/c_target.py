@@ -21,6 +21,8 @@ import cgen
 import islpy as isl
 import numpy as np
 
+from polyft.deps.traffic import count
+
 from .c_family import (MACROS, TILE, StatementCalls, const_decl, local_batches, param_c, prepare, statement_functions,
                        tiled_loops)
 from .c_statements import StatementBody, ctype, instance_flops, length_c, native_dtype, packed_right, panel_width
@@ -140,7 +142,7 @@ class CTarget(Target):
         tiles = tiled_loops(etdg, ast, schedule.parallel, TILE, TILE_ROWS)
         local = local_batches(etdg, storage, ast, schedule.parallel, tiles, True)
         kernel = self.kernel or micro_kernel(native_features())
-        packs = packed_weights(model, kernel) if self.pack else {}
+        packs = packed_weights(model) if self.pack else {}
         layout, params, namer, consts, ctx, buffer_ref = prepare(model, storage, local, scratch=True, packed=packs)
         called = StatementCalls("c")  # which statement variants the AST calls
         to_cgen(ast, schedule.parallel, called, lambda loop, info: loop, tiles=tiles)
@@ -171,7 +173,7 @@ class CTarget(Target):
                 setup.append(cgen.Line(f"const long ft_pack{k} = {pack_bytes};  /* {b.name}, packed */"))
                 pack_bytes = f"ft_pack{k} + ({stride}*4 + 63) / 64 * 64"
                 pack_calls.append(cgen.Statement(f"ft_pack(ctx.b{k}, ctx.p{k}, {stride} / {K * Q}, {K}, {Q}, "
-                                                 f"{packs[b.name]})"))
+                                                 f"{panel_width(kernel, Q)})"))
         # a thread's scratch: one 64-byte aligned region per group of local buffers never live
         # at once, then the place of large temporaries
         per_thread = "0"
@@ -216,9 +218,9 @@ class CTarget(Target):
         return Module(str(module) + "\n", layout, tuple(params))
 
 
-def packed_weights(model, kernel) -> dict:
+def packed_weights(model) -> dict:
     """The read-only buffers (inputs, constants) whose matrices a call packs before it runs:
-    name -> panel width. Their elements are float32 K x Q matrices of PACK_BYTES or more,
+    name -> Buffer. Their elements are float32 K x Q matrices of PACK_BYTES or more,
     16 dividing Q, that matmuls take whole as their right operand, each meeting PACK_ROWS
     rows of left operands or more in a call (counted at the model's sizes; assumed where
     they are not all known)."""
@@ -237,19 +239,13 @@ def packed_weights(model, kernel) -> dict:
     for name, buf in found.items():
         known = rows[name] is not None and all(p in model.sizes for d in buf.dims for p in d.params)
         if not known or rows[name] >= PACK_ROWS * math.prod(d.evaluate(model.sizes) for d in buf.dims):
-            out[name] = panel_width(kernel, buf.element_shape[1])
+            out[name] = buf
     return out
 
 
 def _instances(domain: isl.Set, model) -> int | None:
-    """About the instances of a statement domain (its bounding box) at the model's sizes;
-    None where they are not all known."""
-    if any(p not in model.sizes for p in model.params):
-        return None
-    if domain.is_empty():
-        return 0
-    return math.prod(domain.dim_max_val(d).to_python() - domain.dim_min_val(d).to_python() + 1
-                     for d in range(domain.dim(isl.dim_type.set)))
+    """The instances of a statement domain at the model's sizes; None where they are not all known."""
+    return count(domain, model.sizes) if all(p in model.sizes for p in model.params) else None
 
 
 def micro_kernel(features) -> tuple:

@@ -10,8 +10,7 @@ import pandas as pd
 from polyft.deps.analyze import analyze as dependences
 from polyft.deps.model import build, check_sizes
 from polyft.emit.c_statements import native_dtype
-from polyft.emit.c_target import CTarget, micro_kernel, packed_weights
-from polyft.emit.runtime_c import native_features
+from polyft.emit.c_target import CTarget, packed_weights
 from polyft.emit.targets import select
 from polyft.schedule.coarsen import coarsen as coarsen_etdg
 from polyft.schedule.schedule import make_schedule, schedule_kind
@@ -91,7 +90,7 @@ class Program:
     def packed(self) -> frozenset:
         """The buffers of which the C target's code packs a copy before it runs (large matrices
         that matmuls share: emit.c_target.packed_weights)."""
-        return frozenset(packed_weights(self.model, micro_kernel(native_features())))
+        return frozenset(packed_weights(self.model))
 
     def __repr__(self):
         return f"<Program {self.etdg.signature()}, {self.schedule.kind} schedule>"

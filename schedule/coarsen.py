@@ -560,11 +560,8 @@ def _splits_a_shared_matmul(block: BlockNode, a: IterDim, b: IterDim) -> bool:
     would lose. A right operand that also changes along other dims (flash attention's key
     tiles, along the reduction inside) is no weight a tile keeps: the merge goes ahead."""
     body = ops(block)
-    inside = [d for blk in blocks(block) for d in blk.dims]
-
-    def along(op) -> set:
-        return {id(d) for d in inside if op in depends_on(body, d)}
-    return any(isinstance(mm.inputs[1], OpNode) and along(mm.inputs[1]) == {id(other)}
+    dependent = [(d, depends_on(body, d)) for blk in blocks(block) for d in blk.dims]
+    return any(isinstance(mm.inputs[1], OpNode) and [id(d) for d, dep in dependent if mm.inputs[1] in dep] == [id(other)]
                for d, other in ((a, b), (b, a)) for mm in shared_matmuls(body, d))
 
 
@@ -588,8 +585,8 @@ def depthwise_merge(etdg: ETDG, log: list | None = None, ops=("map",)) -> ETDG:
     sub-graph is conditioned on `a` or `b` (each buffer interacts with both dims by an
     access or an invariant relation, never a non-access one); and no matmul takes its left
     operand along one of them and its right matrix along the other alone (`x[i] @ w[g]`: a
-    tile of i shares each w[g], the reuse a GEMM needs, which t would lose). Accesses are rewritten and
-    simplified: an access along `a*n + b` becomes linear in `t`, an access along `a` alone
+    tile of i shares each w[g], the reuse a GEMM needs, which t would lose). Accesses are
+    rewritten and simplified: an access along `a*n + b` becomes linear in `t`, an access along `a` alone
     (invariant in `b`) becomes `floor(t/n)`, along `b` alone `t mod n` — the strided forms.
     The iteration order is unchanged ((a, b) -> a*n + b is order-preserving and both dims run
     the same way), so every dependence is preserved.
