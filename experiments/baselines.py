@@ -203,11 +203,18 @@ def grid_cell_loop(xss, yss, wx, wy, ws, u1s, u2s, bs, device="cpu", compile=Fal
 
 def two_matmuls(a_tiles, b_tiles, c_tiles, device="cpu", compile=False) -> Baseline:
     """b2b_gemm: (A @ B) @ C on the whole matrices (cuBLAS on a GPU)."""
-    a, b, c = (x.to_numpy() for x in (a_tiles, b_tiles, c_tiles))  # [MT, tm, K], [NT, K, tn], [NT, tn, P]
-    A, Bm, Cm = _on(device, a.reshape(-1, a.shape[-1]), np.concatenate(list(b), axis=1),
-                    np.concatenate(list(c), axis=0))
+    *matrices, shape = b2b_matrices(a_tiles, b_tiles, c_tiles)
+    A, Bm, Cm = _on(device, *matrices)
     fn = _compiled(lambda: (A @ Bm) @ Cm, compile)
-    return _baseline(fn, lambda r: r.reshape(a.shape[0], a.shape[1], -1))
+    return _baseline(fn, lambda r: r.reshape(shape))
+
+
+def b2b_matrices(a_tiles, b_tiles, c_tiles):
+    """The whole matrices A [M, K], B [K, N], C [N, P] (numpy) behind b2b_gemm's tiles, and the
+    shape [MT, tm, P] of the eager result (the torch and the JAX baselines' inputs)."""
+    a, b, c = (x.to_numpy() for x in (a_tiles, b_tiles, c_tiles))  # [MT, tm, K], [NT, K, tn], [NT, tn, P]
+    return (a.reshape(-1, a.shape[-1]), np.concatenate(list(b), axis=1), np.concatenate(list(c), axis=0),
+            (a.shape[0], a.shape[1], c.shape[-1]))
 
 
 def sdpa(qsss, ksss, vsss, device="cpu", compile=False) -> Baseline:
