@@ -19,9 +19,11 @@ For one point (workload, sizes) every system of the workload gets one tidy row:
 
 Systems: on the CPU `numpy-eager`, `c-original` and `c-auto` (generated C, ft.compile with
 schedule "original" / "auto", OpenMP, at the default threads), `c-auto-1thread` (the same
-object pinned to one thread: what the threads add) and the torch baselines of
-experiments/baselines.py.
-CPU threads: torch's $POLYFT_THREADS, else every core (`threads` column); the generated C
+object pinned to one thread: what the threads add), the torch baselines of
+experiments/baselines.py and `jax-jit`, the JAX baseline of experiments/baselines_jax.py
+(absent: "not installed (jax)" where JAX, the optional `bench` extra, cannot be imported).
+CPU threads: torch's $POLYFT_THREADS, else every core (`threads` column; JAX: XLA's pool, every
+core, whatever $POLYFT_THREADS says); the generated C
 runs on its measured default (emit/threads.py), unless $POLYFT_THREADS pins it too; `load` is the 1-minute load average when the point started (other jobs on the machine). On a GPU `polyft-cuda-original/auto`
 (generated CUDA through PyCUDA), every torch baseline on CUDA (`<name>-cuda`: the per-cell
 loops; torch.nn.LSTM = cuDNN; SDPA = FlashAttention-2's kernel; two GEMMs = cuBLAS),
@@ -45,7 +47,7 @@ from polyft.testing import rel_error
 from polyft.workloads import get
 from polyft.workloads import sizes as full_sizes
 
-from . import baselines, common
+from . import baselines, baselines_jax, common
 from .common import cpu_name, meta
 from .deps_time import lengths
 
@@ -67,6 +69,16 @@ TORCH = {
                          "scaled_dot_product_attention (FlashAttention-2's kernel on a GPU)")],
     "bigbird": [("torch-blocked", baselines.blocked_bigbird, "blocked attention over gathered key/value blocks")],
 }
+# workload -> its JAX baseline (experiments/baselines_jax.py; JAX is the optional `bench` extra)
+JAX = {
+    "stacked_rnn": (baselines_jax.rnn, "jax.jit: per layer a lax.scan over time, the input projection hoisted"),
+    "stacked_lstm": (baselines_jax.lstm, "jax.jit: per layer a lax.scan over time, the 4 gates as one [H, 4H] matmul"),
+    "dilated_rnn": (baselines_jax.dilated, "jax.jit: per layer a lax.scan over L / 2**k steps of 2**k subsequences"),
+    "grid_rnn": (baselines_jax.grid, "jax.jit: per layer a lax.scan over rows of a lax.scan over cells"),
+    "b2b_gemm": (baselines_jax.two_matmuls, "jax.jit: (A @ B) @ C"),
+    "flash_attention": (baselines_jax.attention, "jax.jit: softmax(q k^T / sqrt(d)) v, dense"),
+    "bigbird": (baselines_jax.bigbird, "jax.jit: attention over gathered key/value blocks"),
+}
 
 
 @dataclass
@@ -78,6 +90,7 @@ class System:
     build: Callable | None
     absent: str = ""  # why it cannot run here ("" when it can)
     note: str = ""
+    threads: int | None = None  # the threads it runs on, where not torch's (set_threads)
 
 
 # -- which systems exist here ----------------------------------------------------------------
@@ -142,6 +155,12 @@ def _torch(fn, device, compile=False):
     return build
 
 
+def _jax(fn):
+    def build(inputs, workload=None, sizes=None):
+        return fn(*inputs)
+    return build
+
+
 def systems(workload: str, by_hand: bool = False) -> list:
     """Every system of `workload`, CPU first, GPU ones absent (with the reason) where they
     cannot run here; with `by_hand`, also the workload's schedule by hand where it has one."""
@@ -150,12 +169,15 @@ def systems(workload: str, by_hand: bool = False) -> list:
            System("c-original", "cpu", _polyft("c", "original"), note="generated C, the nest as written"),
            System("c-auto", "cpu", _polyft("c", "auto"), note="generated C, coarsened and reordered (§5)"),
            System("c-auto-1thread", "cpu", _polyft("c", "auto", threads=1),
-                  note="generated C, coarsened and reordered, pinned to one thread")]
+                  note="generated C, coarsened and reordered, pinned to one thread", threads=1)]
     if by_hand and hasattr(get(workload), "tiled_wavefront"):
         out.append(System("c-tiled-wavefront", "cpu", _polyft("c", get(workload).tiled_wavefront(), coarsen=True),
                           note="generated C, a schedule by hand: each layer's steps in tiles of 4, the tiles "
                                "in a wavefront (the weights of one layer kept for 4 steps)"))
     out += [System(name, "cpu", _torch(fn, "cpu"), note=what) for name, fn, what in TORCH[workload]]
+    fn, what = JAX[workload]
+    out.append(System("jax-jit", "cpu", _jax(fn), baselines_jax.unavailable(), what,
+                      threads=os.cpu_count() or 1))  # XLA's thread pool: every core
     cuda = _why_absent(gpu, ["pycuda"])
     out += [System(f"polyft-cuda-{s}", "cuda", _polyft("cuda", s), cuda, f"generated CUDA, schedule {s}")
             for s in ("original", "auto")]
@@ -257,7 +279,7 @@ def measure(workload: str, sizes: dict, preset: str = "quick", repeats: int | No
         row = dict(common, system=system.name, device=device_name(system.device), status="ok",
                    seconds=float("nan"), seconds_min=float("nan"), seconds_max=float("nan"), repeats=0,
                    warmup=0, rel_error=float("nan"), checked_against="",
-                   threads=1 if system.name.endswith("-1thread") else threads,
+                   threads=system.threads or threads,
                    load=round(load, 2), preset=preset, **info, note=system.note)
         rows.append(row)
         if system.absent:

@@ -50,7 +50,7 @@ STYLE = {
     "numpy-eager": ("tab:gray", "x", ":"),
     "torch-cell-loop": ("tab:orange", "^", "-"), "torch-nn-lstm": ("tab:green", "D", "-"),
     "torch-matmul": ("goldenrod", "v", "-"), "torch-sdpa": ("tab:cyan", "<", "-"),
-    "torch-blocked": ("tab:pink", ">", "-"),
+    "torch-blocked": ("tab:pink", ">", "-"), "jax-jit": ("darkmagenta", "X", "-"),
     "torch-cell-loop-cuda": ("tab:brown", "^", "--"), "torch-nn-lstm-cuda": ("darkgreen", "D", "--"),
     "torch-matmul-cuda": ("darkgoldenrod", "v", "--"), "torch-sdpa-cuda": ("teal", "<", "--"),
     "torch-blocked-cuda": ("mediumvioletred", ">", "--"), "torch-compile-cuda": ("tab:purple", "P", "-"),

@@ -45,8 +45,8 @@ ARTEFACTS = {
                                "beside the program's critical path, per workload."}),
     "cpu_rnn": Artefact("polyft.experiments.cpu_rnn", "CPU timings of the RNN family", {
         "cpu_rnn.csv": "Eager numpy, generated C (original and auto schedules; the stacked LSTM also with a "
-                       "tiled wavefront by hand), torch per-cell loops and torch.nn.LSTM on the RNN workloads "
-                       "at a few depths, on the CPU."}),
+                       "tiled wavefront by hand), torch per-cell loops, torch.nn.LSTM and JAX (jax.jit of "
+                       "lax.scan) on the RNN workloads at a few depths, on the CPU."}),
     "threads": Artefact("polyft.experiments.threads", "CPU threads that never hurt", {
         "threads.csv": "The generated C of every workload at Figure 7's quick shapes on one thread, on every "
                        "core and at its measured default, with the machine idle and with one core busy, and "

@@ -62,6 +62,8 @@ def test_measure_checks_times_and_reports_absent_systems():
     assert by["c-auto"]["checked_against"] == "numpy-eager" and by["c-auto"]["rel_error"] < 1e-4
     assert by["c-auto-1thread"]["threads"] == 1 and by["c-auto-1thread"]["rel_error"] < 1e-4
     assert by["triton"]["status"].startswith("absent:") and "not implemented" in by["triton"]["status"]
+    jax_absent = measure.baselines_jax.unavailable()  # JAX is optional: measured where installed
+    assert by["jax-jit"]["status"] == (f"absent: {jax_absent}" if jax_absent else "ok")
     if not measure.gpu_available():
         for name in ("polyft-cuda-auto", "torch-cell-loop-cuda", "torch-compile-cuda"):
             assert by[name]["status"].startswith("absent: no GPU") and np.isnan(by[name]["seconds"])
