@@ -118,9 +118,10 @@ def instance_flops(ops) -> int:
 
 
 def panel_width(kernel, Q: int) -> int:
-    """Columns of the panels the GEMM micro-kernel `kernel` (rows, 16-float vectors) walks a
+    """Columns of the panels the GEMM micro-kernel `kernel` (rows, vectors, lanes) walks a
     right matrix of Q columns by: all its vectors where they divide Q, else one."""
-    return 16 * (kernel[1] if Q % (16 * kernel[1]) == 0 else 1)
+    _, NV, L = kernel
+    return L * (NV if Q % (L * NV) == 0 else 1)
 
 
 def packed_right(op):
@@ -147,7 +148,7 @@ class StatementBody:
     matmul of per-instance rows by a shared matrix reuses each of its rows across the tile.
     """
 
-    def __init__(self, ops, dim, param, buffer_ref, const_ref, batch=None, kernel=(4, 1), packed=frozenset()):
+    def __init__(self, ops, dim, param, buffer_ref, const_ref, batch=None, kernel=(4, 2, 4), packed=frozenset()):
         self.ops = ops
         self.dim = dim  # IterDim -> C name
         self.param = param  # parameter name -> C expression
@@ -155,7 +156,7 @@ class StatementBody:
         self.const_ref = const_ref  # numpy array -> name of a static const array
         self.batch = batch
         self.batched: set = set()
-        self.kernel = kernel  # the GEMM micro-kernel: (rows, vectors of 16 floats) of accumulators
+        self.kernel = kernel  # the GEMM micro-kernel: (rows, vectors, floats per vector) of accumulators
         self.packed = packed  # names of the buffers whose matrices the call has packed in panels
         self.sums: dict = {}  # add -> the two matmuls it sums, computed as one GEMM (_matmul_sums)
         self._in_batch = False  # generating the body of the per-instance `_b` loop
@@ -345,13 +346,13 @@ class StatementBody:
 
     def _gemm(self, nrows: str, terms: list, Q: int, out_row, t: str) -> list:
         """out[r, :] = sum of a[r, :] @ b over the (K, a_row, (b, panel)) `terms`, for r <
-        nrows: a register-blocked micro-kernel (MR rows x NV vectors of 16 floats, accumulated
-        over every term's K and stored once; self.kernel, chosen for the CPU) when 16 divides
-        Q, else plain loops. `a_row(r)` / `out_row(r)` are C pointers to row r; `b` points to
+        nrows: a register-blocked micro-kernel (MR rows x NV vectors of L floats, `ft_vec`,
+        accumulated over every term's K and stored once; self.kernel, chosen for the ISA:
+        emit/isa.py) when L divides Q, else plain loops. `a_row(r)` / `out_row(r)` are C pointers to row r; `b` points to
         the right matrix, row-major (panel None) or packed in panels of `panel` columns."""
-        MR, NV = self.kernel
-        NV = NV if Q % (16 * NV) == 0 else 1
-        if Q % 16 or t != "float":
+        MR, NV, L = self.kernel
+        NV = NV if Q % (L * NV) == 0 else 1
+        if Q % L or t != "float":
             assert all(panel is None for *_, (_, panel) in terms)
             body = [cgen.Line(f"{t}* restrict _o = {out_row('_r')};"),
                     cgen.For("int _q = 0", f"_q < {Q}", "_q++", cgen.Assign("_o[_q]", "0"))]
@@ -367,18 +368,18 @@ class StatementBody:
         rows += [cgen.Line(f"_o[_i] = {out_row('_r')};")]
         steps = []
         for k, (K, _, (b, panel)) in enumerate(terms):
-            assert panel in (None, 16 * NV)
+            assert panel in (None, L * NV)
             at = f"_m*{Q} + _q0" if panel is None else f"_q0*{K} + _m*{panel}"  # panel _q0 / panel starts at _q0*K
             steps.append(cgen.For("int _m = 0", f"_m < {K}", "_m++", cgen.Block(
                 [cgen.Line(f"ft_vec _w{v};") for v in range(NV)]
-                + [cgen.Statement(f"memcpy(&_w{v}, {b} + {at} + {16 * v}, sizeof _w{v})") for v in range(NV)]
+                + [cgen.Statement(f"memcpy(&_w{v}, {b} + {at} + {L * v}, sizeof _w{v})") for v in range(NV)]
                 + [cgen.Line(f"{acc[i][v]} += _a{k}[{i}][_m] * _w{v};") for i in range(MR) for v in range(NV)])))
-        store = [cgen.Statement(f"memcpy(_o[{i}] + _q0 + {16 * v}, &{acc[i][v]}, sizeof {acc[i][v]})")
+        store = [cgen.Statement(f"memcpy(_o[{i}] + _q0 + {L * v}, &{acc[i][v]}, sizeof {acc[i][v]})")
                  for v in range(NV) for i in range(MR)]
         return [cgen.For("int _r0 = 0", f"_r0 < {nrows}", f"_r0 += {MR}", cgen.Block([
             cgen.Line(" ".join(f"const {t}* _a{k}[{MR}];" for k in range(len(terms))) + f" {t}* _o[{MR}];"),
             cgen.For("int _i = 0", f"_i < {MR}", "_i++", cgen.Block(rows)),
-            cgen.For("int _q0 = 0", f"_q0 < {Q}", f"_q0 += {16 * NV}", cgen.Block([
+            cgen.For("int _q0 = 0", f"_q0 < {Q}", f"_q0 += {L * NV}", cgen.Block([
                 cgen.Line(f"ft_vec {', '.join(f'{c} = {{0}}' for row in acc for c in row)};")] + steps
                 + [cgen.If(f"_r0 + {MR} <= {nrows}", cgen.Block(store), cgen.Block([
                     cgen.If(f"_r0 + {i} < {nrows}", cgen.Block(store[i::MR])) for i in range(MR)]))]))]))]
@@ -490,7 +491,16 @@ class StatementBody:
     def _op_max(self, op):
         self._reduce(op, lowest(op.dtype), "{dst} = ft_maximum({x}, {dst})", simd="max")
 
+    @staticmethod
+    def _simd(reduction: str) -> list:
+        """`omp simd reduction(...)` before a loop: its partial results in vector lanes (the C
+        target; the CUDA one has no such pragma)."""
+        return [cgen.Pragma(f"omp simd reduction({reduction})")]
+
     def _op_softmax(self, op):
+        """Each row: its max (a NaN is skipped there, but its exp makes the sum and so the
+        whole row NaN, as numpy's), the exps and their sum, then the division; the max and the
+        sum reduce in vector lanes."""
         x, s, _ = self._operand(op.inputs[0])
         axis = op.attrs.get("axis", -1) % len(s)
         self._decl(op)
@@ -503,7 +513,10 @@ class StatementBody:
             full = lambda a: idx[:axis] + [a] + idx[axis:]  # noqa: E731
             at = lambda a: self._flat(s, full(a))  # noqa: E731
             return [cgen.Line(f"{ctype(op.dtype)} _mx = -INFINITY, _sm = 0;"),
-                    cgen.For("int _a = 0", f"_a < {n}", "_a++", cgen.Line(f"_mx = fmax{f}(_mx, {x}[{at('_a')}]);")),
+                    *self._simd("max:_mx"),
+                    cgen.For("int _a = 0", f"_a < {n}", "_a++", cgen.Line(
+                        f"_mx = {x}[{at('_a')}] > _mx ? {x}[{at('_a')}] : _mx;")),
+                    *self._simd("+:_sm"),
                     cgen.For("int _a = 0", f"_a < {n}", "_a++", cgen.Block([
                         cgen.Line(f"{o}[{at('_a')}] = ft_exp{f}({x}[{at('_a')}] - _mx);"),
                         cgen.Line(f"_sm += {o}[{at('_a')}];")])),

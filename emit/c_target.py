@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+from dataclasses import dataclass
 
 import cgen
 import islpy as isl
@@ -28,7 +29,7 @@ from .c_family import (MACROS, TILE, StatementCalls, const_decl, local_batches, 
 from .c_statements import StatementBody, ctype, instance_flops, length_c, native_dtype, packed_right, panel_width
 from .isl_ast import below, build_ast, call_name, evaluate, has_parallel, to_cgen, upper_bound
 from .protocol import Module, Target
-from .runtime_c import native_features
+from .isa import current, march
 
 with open(os.path.join(os.path.dirname(__file__), "vecmath.h")) as _f:
     VECMATH = _f.read()
@@ -65,8 +66,6 @@ static void ft_give_scratch(char* p, long bytes)
   __atomic_store_n(&ft_kept_bytes, bytes, __ATOMIC_RELEASE);
   __atomic_store_n(&ft_kept, p, __ATOMIC_RELEASE);
 }
-typedef float ft_vec __attribute__((vector_size(64)));  /* 16 floats: the GEMM micro-kernel's row */
-
 /* n row-major K x Q matrices, each copied to its own place in dst as Q / W panels of K rows
    of W floats, one panel after the other: the GEMM micro-kernel then reads a shared matrix
    as one stream instead of W floats from every row, rows a page apart once Q reaches 1024.
@@ -117,6 +116,13 @@ PACK_ROWS = 64
 ASSUMED_TRIPS = 16  # the iterations the cost model assumes of a loop whose bounds it cannot evaluate
 
 
+@dataclass(frozen=True)
+class CModule(Module):
+    """C source, and the -march level it was generated for (its GEMM micro-kernel fits that
+    level's vector registers): the runtime compiles it for that level."""
+    march: str
+
+
 class CTarget(Target):
     """C with OpenMP; the entry point is `int polyft_run(void** bufs, const long* params)`,
     buffers in layout order (local ones are not read), parameters in the module's order
@@ -125,7 +131,7 @@ class CTarget(Target):
     name = "C"
 
     def __init__(self, kernel=None, pack=True):
-        self.kernel = kernel  # the GEMM micro-kernel (rows, 16-float vectors); None: micro_kernel()
+        self.kernel = kernel  # the GEMM micro-kernel (rows, vectors, floats per vector); None: the ISA's
         self.pack = pack  # pack large shared matrices before a call (packed_weights); False: read them in place
 
     @staticmethod
@@ -141,8 +147,9 @@ class CTarget(Target):
         ast = build_ast(schedule.map, model.context)
         tiles = tiled_loops(etdg, ast, schedule.parallel, TILE, TILE_ROWS)
         local = local_batches(etdg, storage, ast, schedule.parallel, tiles, True)
-        kernel = self.kernel or micro_kernel(native_features())
-        packs = packed_weights(model) if self.pack else {}
+        level, isa = march(), current()
+        kernel = self.kernel or (*isa.kernel, isa.lanes)
+        packs = packed_weights(model, kernel[2]) if self.pack else {}
         layout, params, namer, consts, ctx, buffer_ref = prepare(model, storage, local, scratch=True, packed=packs)
         called = StatementCalls("c")  # which statement variants the AST calls
         to_cgen(ast, schedule.parallel, called, lambda loop, info: loop, tiles=tiles)
@@ -212,25 +219,28 @@ class CTarget(Target):
                                      [cgen.Pointer(cgen.Pointer(cgen.Value("void", "bufs"))),
                                       cgen.Pointer(cgen.Value("const long", "params"))]),
             cgen.Block(setup + [code] + end + [cgen.Line("return 0;")]))
-        module = cgen.Module([cgen.Line(PRELUDE), cgen.Line(""), ctx, cgen.Line("")]
+        vec = cgen.Line(f"typedef float ft_vec __attribute__((vector_size({4 * kernel[2]})));"
+                        f"  /* {kernel[2]} floats: a vector register of the GEMM micro-kernel */")
+        module = cgen.Module([cgen.Line(PRELUDE), vec, cgen.Line(""), ctx, cgen.Line("")]
                              + [const_decl(n, v) for n, v in consts.values()] + [cgen.Line("")]
                              + functions + [cgen.Line(""), run])
-        return Module(str(module) + "\n", layout, tuple(params))
+        return CModule(str(module) + "\n", layout, tuple(params), level)
 
 
-def packed_weights(model) -> dict:
+def packed_weights(model, lanes: int | None = None) -> dict:
     """The read-only buffers (inputs, constants) whose matrices a call packs before it runs:
-    name -> Buffer. Their elements are float32 K x Q matrices of PACK_BYTES or more,
-    16 dividing Q, that matmuls take whole as their right operand, each meeting PACK_ROWS
+    name -> Buffer. Their elements are float32 K x Q matrices of PACK_BYTES or more, the
+    micro-kernel's `lanes` (the current ISA's if None) dividing Q, that matmuls take whole as their right operand, each meeting PACK_ROWS
     rows of left operands or more in a call (counted at the model's sizes; assumed where
     they are not all known)."""
+    lanes = lanes or current().lanes
     rows, found = {}, {}
     for st in model.etdg.statements:
         instances = _instances(model.domains[st.name], model)
         for op in st.ops:
             buf = packed_right(op) if op.op == "matmul" and op.dtype == "float32" else None
             if buf is None or buf.kind not in ("input", "const") or buf.dtype != "float32" or \
-                    buf.element_shape[1] % 16 or 4 * buf.element_shape[0] * buf.element_shape[1] < PACK_BYTES:
+                    buf.element_shape[1] % lanes or 4 * buf.element_shape[0] * buf.element_shape[1] < PACK_BYTES:
                 continue
             found[buf.name] = buf
             known = instances is not None and rows.get(buf.name, 0) is not None
@@ -246,14 +256,6 @@ def packed_weights(model) -> dict:
 def _instances(domain: isl.Set, model) -> int | None:
     """The instances of a statement domain at the model's sizes; None where they are not all known."""
     return count(domain, model.sizes) if all(p in model.sizes for p in model.params) else None
-
-
-def micro_kernel(features) -> tuple:
-    """The GEMM's register block, (rows, vectors of 16 floats) of accumulators, for the CPU:
-    AVX-512's 32 vector registers hold 8 x 2 of them plus the loaded row of the right matrix
-    (16 independent FMA chains hide the FMA latency); AVX2's 16 registers (two per 16 floats)
-    hold 4 x 1."""
-    return (8, 2) if "__AVX512F__" in features else (4, 1)
 
 
 def _extent_c(cells, n) -> str:

@@ -234,6 +234,10 @@ class CudaStatementBody(StatementBody):
         self.lines.append(cgen.Statement(ROWS[op.op].format(rows=rows, n=n) + f"({self._ref(op)}, {x})"))
         return True
 
+    @staticmethod
+    def _simd(reduction: str) -> list:
+        return []
+
     def _op_softmax(self, op):
         x, s, _ = self._operand(op.inputs[0])
         axis = op.attrs.get("axis", -1) % len(s)

@@ -23,11 +23,26 @@ import warnings
 
 from polyft.errors import CompileError, OutOfMemoryError
 
+from .isa import compiler, features, march
 from .protocol import Runtime
 from .threads import ThreadChoice, brief_spin
 
-# -ffp-contract=fast: ISO C (-std=c99) would otherwise forbid fusing a*b + c into one FMA
-FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-std=c99", "-fPIC", "-shared"]
+# -ffp-contract=fast: ISO C (-std=c99) would otherwise forbid fusing a*b + c into one FMA.
+# -fno-trapping-math: the generated code never reads the floating-point exception flags, and
+# without it GCC will not turn a comparison that may trap (a NaN operand) into a vector select
+# unless the ISA has masks (AVX-512): on AVX2 and SSE no loop of ft_expf would vectorise.
+# The -march level comes first, from isa.march() unless given (`compile_flags`).
+FLAGS = ["-O3", "-ffp-contract=fast", "-fno-trapping-math", "-fopenmp", "-std=c99", "-fPIC", "-shared"]
+
+
+def compile_flags(level: str | None = None) -> list:
+    """The compiler flags for the generated C built for -march=`level` (isa.march() if None)."""
+    return [f"-march={level or march()}"] + FLAGS
+
+
+def _level(flags) -> str | None:
+    """The -march level in a list of flags, if any."""
+    return next((f.split("=", 1)[1] for f in flags if f.startswith("-march=")), None)
 
 # The checksum record appended to every cached object: magic, size and sha256 of the bytes
 # before it. It lives inside the file rather than in a sidecar so that one atomic rename
@@ -61,31 +76,9 @@ def cache_dir() -> str:
     return _fallback_dir
 
 
-def compiler(cc=None) -> str:
-    cc = cc or os.environ.get("CC", "cc")
-    if shutil.which(cc) is None:
-        raise CompileError(f"no C compiler {cc!r} on PATH (set CC)", op="compile")
-    return cc
-
-
 @functools.lru_cache(maxsize=None)
 def _version(cc) -> str:
     return subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
-
-
-@functools.lru_cache(maxsize=None)
-def native_features(cc=None) -> frozenset:
-    """The instruction-set macros `-march=native` defines here (`__AVX512F__`, `__AVX2__`, ...):
-    what the generated code may use. Part of the compile cache key, so that a cache shared by
-    machines (a network home) never hands one an object built for another's instructions; the
-    C target picks its GEMM micro-kernel by them. Empty when there is no compiler to ask."""
-    try:
-        cc = compiler(cc)
-    except CompileError:
-        return frozenset()
-    r = subprocess.run([cc, "-march=native", "-dM", "-E", "-x", "c", os.devnull], capture_output=True, text=True)
-    return frozenset(m.group(1) for m in re.finditer(r"#define (__\w+) 1$", r.stdout, re.M)
-                     if re.fullmatch(r"__(SSE|AVX|FMA|F16C|AMX|BMI)\w*__|__ARM_(NEON|FEATURE_\w+)", m.group(1)))
 
 
 def source_context(source: str, message: str, around: int = 3) -> str:
@@ -162,9 +155,10 @@ def _check_output(cc, flags, r, out, source, src) -> None:
 def build(source: str, flags=None, cc=None) -> str:
     """Path of the verified shared object for `source`, compiling it unless cached intact."""
     cc = compiler(cc)
-    flags = list(FLAGS if flags is None else flags)
-    key = hashlib.sha256("\0".join([source, cc, _version(cc), *sorted(native_features(cc))] + flags).encode()
-                         ).hexdigest()[:20]
+    flags = list(compile_flags() if flags is None else flags)
+    level = _level(flags)  # "native" differs from machine to machine: its macros are in the key
+    key = hashlib.sha256("\0".join([source, cc, _version(cc), *sorted(features(level, cc) if level else ())]
+                                    + flags).encode()).hexdigest()[:20]
     d = cache_dir()
     so = os.path.join(d, f"polyft_{key}.so")
     if _intact(so):
@@ -214,7 +208,7 @@ class CtypesRuntime(Runtime):
 
     def __init__(self, module, flags=None):
         super().__init__(module)
-        self.flags = list(FLAGS if flags is None else flags)
+        self.flags = list(compile_flags(module.march) if flags is None else flags)
         self.path, self._lib = load(module.source, self.flags)
         self._fn = self._lib.polyft_run
         self._fn.restype = ctypes.c_int

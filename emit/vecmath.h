@@ -18,7 +18,9 @@ static inline float ft_ldexp2f(float p, int n)
 static inline float ft_expf(float x)
 {  /* e^x = 2^n e^r, n = round(x / ln 2), |r| <= ln 2 / 2; e^r by Cephes' degree-6 polynomial */
   const float xc = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);  /* beyond: 0 and inf */
-  const float n = __builtin_rintf(xc * 1.44269504088896341f);
+  /* n = rint(xc / ln 2) by the 1.5 * 2^23 shift (exact for |n| < 2^22), which SSE2 has;
+     rintf needs SSE4.1's roundps, so without it the loop would not vectorise */
+  const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   float r = xc - n * 0.693359375f;  /* ln 2 in two parts: n * hi is exact */
   r = r - n * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
