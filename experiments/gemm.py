@@ -1,17 +1,20 @@
-"""The generated GEMM against the machine's measured single-core peak.
+"""The generated GEMM against the core's theoretical peak and a BLAS, on every ISA level.
 
-Two probes of the peak, on one thread: `fma-probe`, a C loop of independent vector FMAs
-compiled with the C target's flags (what the core can issue), and `torch-mm`, torch's
-matrix product of 1024 x 1024 matrices (what a tuned library reaches). Then the products the
-workloads run, as polyft programs compiled to C and pinned to one thread: a map of row blocks
-times one shared weight matrix (an RNN's `x @ W` over a batch tile), and the LSTM-style sum
-`x @ W + h @ U`, which the C target computes as one GEMM over [x h] and [W; U]. Each is run
-with the micro-kernel chosen for this CPU and with the portable 4 x 16 one, beside torch's
-matmul of the same matrices on one thread; where the C target packs the shared matrices
-(1 MiB or more, c_target.packed_weights), also with the chosen kernel reading them in place
-(`unpacked`). Results are checked against numpy before timing.
+For each -march level this machine can execute (emit.isa.runnable_levels: SSE2, AVX2,
+AVX-512, native), the products the workloads run are compiled to C for that level and pinned
+to one thread: a map of row blocks times one shared weight matrix (an RNN's `x @ W` over a
+batch tile), the LSTM-style sum `x @ W + h @ U` (one GEMM over [x h] and [W; U]) and an LSTM's
+four gates. Native's code also runs with the shared matrices read in place (`unpacked`) where
+the C target packs them. Beside them, on one thread: torch's matmul of the same matrices (the
+gates concatenated, as nn.LSTM) and numpy's sgemm (its BLAS and the kernel it picked are
+columns). Results are checked against numpy before timing.
 
-`gflops` is 2 * multiply-adds / median seconds; `of_fma_peak` its fraction of the FMA probe.
+Three references for each level, none sharing the generated code (experiments/peak.py):
+`peak_gflops`, the theoretical peak (clock from a dependent-add chain x FP units x lanes x 2);
+`probe_gflops`, independent vector FMA chains at the level's width (what the core issues);
+and the BLAS rows. `of_peak` is gflops over the level's theoretical peak, `vs_blas` over the
+faster of torch and numpy on the same product; `suspect` flags a rate above the theoretical
+peak (a measurement error: a wrong clock or flop count).
 Writes results/gemm_<preset>.csv.
 
     python -m polyft.experiments.gemm [--quick | --paper] [--out DIR] [--resume]
@@ -26,28 +29,28 @@ import numpy as np
 import pandas as pd
 
 import polyft as ft
-from polyft.emit import runtime_c
-from polyft.emit.c_target import micro_kernel
+from polyft.emit import isa, runtime_c
 from polyft.emit.targets import TARGETS
 from polyft.testing import rel_error
 
 from .common import meta, path, sweep
+from .peak import clock_ghz, fp_units, theoretical_gflops
 from .reproduce import main
 
 REPEATS = {"quick": 21, "paper": 51}
 SHAPES = {"quick": [(256, 1, 256), (16, 64, 256), (256, 1, 1024)],
           "paper": [(256, 1, 256), (16, 64, 256), (256, 1, 1024), (1024, 1, 2048)]}
 
-FMA_PROBE = """typedef float v16 __attribute__((vector_size(64)));
+FMA_PROBE = """typedef float vec __attribute__((vector_size(4 * LANES)));
 double probe(long n, float x)
-{  /* 16 independent chains of vector FMAs: the latency hidden, the issue rate measured */
-  v16 a[16];
-  for (int i = 0; i < 16; i++) a[i] = (v16){0} + x * (i + 1);
-  const v16 m = (v16){0} + 0.999999f, b = (v16){0} + 1e-7f;
+{  /* CHAINS independent chains of vector multiply-adds: the latency hidden, the issue rate measured */
+  vec a[CHAINS];
+  for (int i = 0; i < CHAINS; i++) a[i] = (vec){0} + x * (i + 1);
+  const vec m = (vec){0} + 0.999999f, b = (vec){0} + 1e-7f;
   for (long k = 0; k < n; k++)
-    for (int i = 0; i < 16; i++) a[i] = a[i] * m + b;
+    for (int i = 0; i < CHAINS; i++) a[i] = a[i] * m + b;
   double s = 0;
-  for (int i = 0; i < 16; i++) for (int j = 0; j < 16; j++) s += a[i][j];
+  for (int i = 0; i < CHAINS; i++) for (int j = 0; j < LANES; j++) s += a[i][j];
   return s;
 }
 """
@@ -64,23 +67,24 @@ def _best(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def fma_peak(repeats: int = 7) -> float:
-    """GFLOP/s of one core issuing independent vector FMAs (the C target's compiler and flags)."""
-    lib = ctypes.CDLL(runtime_c.build(FMA_PROBE, [f for f in runtime_c.FLAGS if f != "-fopenmp"]))
+def fma_probe(level: str, repeats: int = 7) -> float:
+    """GFLOP/s of one core issuing independent vector multiply-adds at `level`'s width, as many
+    chains as its GEMM micro-kernel has accumulators (they fit its registers)."""
+    spec = isa.isa(isa.features(level))
+    chains = spec.kernel[0] * spec.kernel[1]
+    flags = [f for f in runtime_c.compile_flags(level) if f != "-fopenmp"]
+    if "__AVX__" in isa.features(level):  # GCC may split a vector wider than its tuning prefers
+        flags.append(f"-mprefer-vector-width={32 * spec.lanes}")
+    lib = ctypes.CDLL(runtime_c.build(FMA_PROBE, flags + [f"-DLANES={spec.lanes}", f"-DCHAINS={chains}"]))
     lib.probe.restype, lib.probe.argtypes = ctypes.c_double, [ctypes.c_long, ctypes.c_float]
     n = 2_000_000
-    return 16 * 16 * 2 * n / _best(lambda: lib.probe(n, 1.0), repeats) / 1e9
-
-
-def torch_peak(repeats: int = 7, n: int = 1024) -> float:
-    import torch
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    return 2 * n ** 3 / _best(lambda: torch.mm(a, b), repeats) / 1e9
+    return chains * spec.lanes * 2 * n / _best(lambda: lib.probe(n, 1.0), repeats) / 1e9
 
 
 def _programs():
     """(name, fn, inputs(M, P, H, rng), numpy reference, products of M*P x H by H x H,
-    torch(arrays) -> (run, its result as the reference's array))."""
+    torch(arrays, shape) and numpy(arrays, shape) -> (run on one thread, its result as the
+    reference's array))."""
     def rows(xs, w):
         return xs.map(lambda x: x @ w)
 
@@ -108,10 +112,14 @@ def _programs():
 
     def same(ref):
         return lambda arrays, shape: _torch_same(arrays, ref, shape)
-    return [("x @ W", rows, rows_in, lambda x, w: x @ w, 1, same(lambda x, w: x @ w)),
+    def numpy_same(ref):
+        return lambda arrays, shape: _numpy_same(arrays, ref, shape)
+    return [("x @ W", rows, rows_in, lambda x, w: x @ w, 1, same(lambda x, w: x @ w),
+             numpy_same(lambda x, w: x @ w)),
             ("x @ W + h @ U", gates, gates_in, lambda x, h, w, u: x @ w + h @ u, 2,
-             same(lambda x, h, w, u: x @ w + h @ u)),
-            ("4 gates: x @ W[g] + h @ U[g]", lstm_gates, lstm_gates_in, lstm_gates_ref, 8, _torch_lstm_gates)]
+             same(lambda x, h, w, u: x @ w + h @ u), numpy_same(lambda x, h, w, u: x @ w + h @ u)),
+            ("4 gates: x @ W[g] + h @ U[g]", lstm_gates, lstm_gates_in, lstm_gates_ref, 8, _torch_lstm_gates,
+             _numpy_lstm_gates)]
 
 
 def _torch_same(arrays, torch_fn, shape):
@@ -135,51 +143,86 @@ def _torch_lstm_gates(arrays, shape):
     return run, lambda: run().numpy().reshape(M, P, 4, H).transpose(0, 2, 1, 3).reshape(shape)
 
 
+def _numpy_same(arrays, numpy_fn, shape):
+    """numpy's matmuls of the same matrices on one thread (threadpoolctl limits its BLAS)."""
+    from threadpoolctl import threadpool_limits
+    flat = [a.reshape(-1, a.shape[-1]) if a.ndim == 3 else a for a in arrays]
+
+    def run():
+        with threadpool_limits(1, user_api="blas"):
+            return numpy_fn(*flat)
+    return run, lambda: run().reshape(shape)
+
+
+def _numpy_lstm_gates(arrays, shape):
+    x, h, ws, us = arrays
+    M, P, H = x.shape
+    x, h = (a.reshape(-1, H) for a in (x, h))
+    w, u = (np.ascontiguousarray(a.transpose(1, 0, 2).reshape(H, 4 * H)) for a in (ws, us))
+    run, _ = _numpy_same([x, h, w, u], lambda x, h, w, u: x @ w + h @ u, None)
+    return run, lambda: run().reshape(M, P, 4, H).transpose(0, 2, 1, 3).reshape(shape)
+
+
+def blas_name() -> str:
+    """numpy's BLAS and the kernel it runs here (OpenBLAS picks one per CPU, or by
+    $OPENBLAS_CORETYPE)."""
+    from threadpoolctl import threadpool_info
+    blas = [i for i in threadpool_info() if i["user_api"] == "blas"]
+    return f"{blas[0]['internal_api']} {blas[0].get('architecture') or ''}".strip() if blas else "unknown"
+
+
 def run(preset: str = "quick", out_dir: str = "results", resume: bool = False) -> pd.DataFrame:
     import torch
     torch.set_num_threads(1)
     repeats = REPEATS[preset]
-    info = dict(preset=preset, **meta())
-    chosen = micro_kernel(runtime_c.native_features())
-    kernels = [chosen] + [k for k in [(4, 1)] if k != chosen]
-    peak, lib_peak = fma_peak(), torch_peak()
+    info = dict(preset=preset, blas=blas_name(), **meta())
+    ghz, units = clock_ghz(), fp_units()
+    levels = {}  # level -> (Isa, theoretical GFLOP/s, probe GFLOP/s)
+    for level in isa.runnable_levels():
+        spec = isa.isa(isa.features(level))
+        levels[level] = (spec, theoretical_gflops(spec, ghz, units), fma_probe(level))
     target = TARGETS["c"][0]
 
     def point(p) -> list:
-        (M, P, H), (name, fn, make, ref, products, torch_fn) = p
+        (M, P, H), (name, fn, make, ref, products, torch_fn, numpy_fn) = p
         rng = np.random.default_rng(M * P + H)
         inputs = make(M, P, H, rng)
         arrays = [x.to_numpy() if isinstance(x, ft.FractalTensor) else x for x in inputs]
         expected = ref(*arrays)
         flops = 2.0 * products * M * P * H * H
-        common = dict(product=name, M=M, P=P, H=H, threads=1, peak_fma_gflops=round(peak, 1),
-                      peak_torch_gflops=round(lib_peak, 1), **info)
-        systems = []
-        variants = [(k, True) for k in kernels]
-        if ft.analyze(fn, *inputs).packed:  # also the chosen kernel reading them in place
-            variants.append((chosen, False))
-        for kernel, pack in variants:
-            target.kernel, target.pack = kernel, pack
-            try:
-                prog = ft.compile(fn, *inputs)
-            finally:
-                target.kernel, target.pack = None, True
-            prog.threads.fixed = 1
-            go, _ = prog.bind(*inputs)
-            label = f"polyft-c {kernel[0]}x{16 * kernel[1]}" + (" (chosen)" if kernel == chosen and pack else "") \
-                + ("" if pack else " unpacked")
-            systems.append((label, go, lambda prog=prog: prog(*inputs).to_numpy()))
-        systems.append(("torch-mm", *torch_fn(arrays, expected.shape)))
+        common = dict(product=name, M=M, P=P, H=H, threads=1, clock_ghz=round(ghz, 2), fp_units=units.source, **info)
+        systems = []  # (label, level, run, result)
+        for level in levels:
+            variants = [True] + ([False] if level == "native" and ft.analyze(fn, *inputs).packed else [])
+            for pack in variants:
+                target.pack = pack
+                try:
+                    with isa.building_for(level):
+                        prog = ft.compile(fn, *inputs)
+                finally:
+                    target.pack = True
+                prog.threads.fixed = 1
+                go, _ = prog.bind(*inputs)
+                label = "polyft-c" + ("" if pack else " unpacked")
+                systems.append((label, level, go, lambda prog=prog: prog(*inputs).to_numpy()))
+        systems.append(("torch-mm", "native", *torch_fn(arrays, expected.shape)))
+        systems.append(("numpy-sgemm", "native", *numpy_fn(arrays, expected.shape)))
         rows = []
-        for label, go, result in systems:
+        for label, level, go, result in systems:
             go()
             err = rel_error(result(), expected)
             if not err < 1e-4:
-                raise AssertionError(f"{label} on {name} M={M} P={P} H={H}: rel error {err:.2e}")
+                raise AssertionError(f"{label} ({level}) on {name} M={M} P={P} H={H}: rel error {err:.2e}")
             seconds = _best(go, repeats)
-            rows.append(dict(common, system=label, seconds=seconds, gflops=flops / seconds / 1e9,
-                             of_fma_peak=flops / seconds / 1e9 / peak, rel_error=err))
-        return rows
+            spec, peak, probe = levels[level]
+            gflops = flops / seconds / 1e9
+            kernel = f"{spec.kernel[0]}x{spec.kernel[1] * spec.lanes}" if label.startswith("polyft") else "-"
+            rows.append(dict(common, system=label, level=level, isa=spec.name, kernel=kernel, seconds=seconds,
+                             gflops=gflops, peak_gflops=round(peak, 1), probe_gflops=round(probe, 1),
+                             of_peak=gflops / peak, of_probe=gflops / probe, suspect=gflops > peak,
+                             rel_error=err))
+        blas = max(r["gflops"] for r in rows if r["system"] in ("torch-mm", "numpy-sgemm"))
+        return [dict(r, vs_blas=r["gflops"] / blas) for r in rows]
     points = [(shape, program) for shape in SHAPES[preset] for program in _programs()]
     return sweep("gemm", preset, out_dir, points, point, resume=resume,
                  key=lambda p: dict(product=p[1][0], M=p[0][0], P=p[0][1], H=p[0][2]))
@@ -190,11 +233,17 @@ def result_text(out_dir: str, preset: str) -> str:
 
 
 def table(df: pd.DataFrame) -> str:
-    lines = [f"single-core peak: FMA probe {df['peak_fma_gflops'].iloc[0]} GFLOP/s, "
-             f"torch.mm 1024^3 {df['peak_torch_gflops'].iloc[0]} GFLOP/s ({df['device'].iloc[0]})", "",
-             "| product | M x P x H | system | GFLOP/s | of FMA peak |", "|---|---|---|---|---|"]
+    first = df.iloc[0]
+    lines = [f"one core of {first['device']}, clock {first['clock_ghz']} GHz (dependent-add probe), FP units: "
+             f"{first['fp_units']}; numpy's BLAS: {first['blas']}", "",
+             "| level (ISA) | theoretical peak | FMA probe |", "|---|---|---|"]
+    for level, g in df.groupby("level", sort=False):
+        lines.append(f"| {level} ({g['isa'].iloc[0]}) | {g['peak_gflops'].iloc[0]} | {g['probe_gflops'].iloc[0]} |")
+    lines += ["", "| product | M x P x H | system | level (ISA) | GFLOP/s | of peak | vs BLAS |", "|---|---|---|---|---|---|---|"]
     for r in df.itertuples():
-        lines.append(f"| {r.product} | {r.M} x {r.P} x {r.H} | {r.system} | {r.gflops:.1f} | {r.of_fma_peak:.0%} |")
+        flag = " (above peak: measurement error)" if r.suspect else ""
+        lines.append(f"| {r.product} | {r.M} x {r.P} x {r.H} | {r.system} {r.kernel} | {r.level} ({r.isa}) | "
+                     f"{r.gflops:.1f} | {r.of_peak:.0%}{flag} | {r.vs_blas:.2f}x |")
     return "\n".join(lines)
 
 

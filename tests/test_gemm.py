@@ -1,13 +1,18 @@
 """The C target's GEMM: the micro-kernel picked for the CPU, and `x @ W + h @ U` as one GEMM.
 
-* every micro-kernel shape (the portable 4 x 16, AVX-512's 8 x 32, and 8 x 16 where 32 does not
-  divide the columns) gives the eager result, on row counts that leave partial register blocks
-  and partial batch tiles, and on column counts the vector kernel cannot take (plain loops);
+* every micro-kernel shape (rows x vectors x lanes: SSE2's 4 x 2 x 4, AVX2's 6 x 2 x 8, AVX-512's
+  8 x 2 x 16, and 8 x 1 x 16 where 32 does not divide the columns) gives the eager result, on row
+  counts that leave partial register blocks and partial batch tiles, and on column counts the
+  vector kernel cannot take (plain loops), whatever ISA level the code is compiled for;
+* on every ISA level the compiler can target (emit/isa.py: x86-64, haswell, skylake-avx512 on
+  x86; armv8-a through a cross compiler), the GEMM's accumulators stay in vector registers: no
+  multiply-add of the generated assembly reads the stack, and no vector is reloaded from it;
+  on every level this machine can execute, the code of that level gives the eager result;
 * a sum of two matmuls is computed as one GEMM over both (the generated C accumulates the
   second product into the first's registers), batched over a map and unbatched inside a scan;
   a matmul also used elsewhere is not fused;
-* the kernel follows the compiler's instruction set (`native_features`), which is part of the
-  compile cache key;
+* the kernel follows the ISA level ($POLYFT_MARCH, else native), whose instruction-set macros
+  are part of the compile cache key;
 * a large shared matrix is packed in panels before the call (`ft_pack`) and the micro-kernel
   reads the packed copy: the same results on every kernel, panel width, list nesting (the
   LSTM's [D, 4] gate weights), inside a scan and on 1-3 threads; only read-only matrices that
@@ -16,12 +21,15 @@
 from __future__ import annotations
 
 import platform
+import re
+import shutil
+import subprocess
 
+import numpy as np
 import pytest
 
 import polyft as ft
-from polyft.emit import c_target, runtime_c
-from polyft.emit.c_target import micro_kernel
+from polyft.emit import c_target, isa, runtime_c
 from polyft.emit.targets import TARGETS
 from polyft.workloads import stacked_lstm
 
@@ -30,10 +38,10 @@ from test_threads import assert_same_bits_on_1_to_3_threads
 
 pytestmark = pytest.mark.usefixtures("compile_cache")
 
-KERNELS = [(4, 1), (8, 2), (8, 1)]
+KERNELS = [(4, 2, 4), (6, 2, 8), (8, 2, 16), (8, 1, 16)]
 
 
-@pytest.fixture(params=KERNELS, ids=lambda k: f"{k[0]}x{16 * k[1]}")
+@pytest.fixture(params=KERNELS, ids=lambda k: f"{k[0]}x{k[1]}x{k[2]}")
 def kernel(request, monkeypatch):
     monkeypatch.setattr(TARGETS["c"][0], "kernel", request.param)
     return request.param
@@ -53,7 +61,7 @@ def test_sum_of_matmuls_over_a_map(kernel, N, P, H, Q):
     xs, hs = flist([N], [P, H], 1), flist([N], [P, H], 2)
     w, u = rand((H, Q), 3), rand((H, Q), 4)
     prog = ft.compile(gates, xs, hs, w, u)
-    assert fused_terms(prog.source) == (1 if Q % 16 == 0 else 0)
+    assert fused_terms(prog.source) == (1 if Q % kernel[2] == 0 else 0)
     assert_same(prog(xs, hs, w, u), gates(xs, hs, w, u))
 
 
@@ -79,27 +87,92 @@ def test_a_matmul_used_twice_is_not_fused(kernel):
 
 
 def test_kernel_follows_the_instruction_set():
-    assert micro_kernel({"__AVX512F__", "__AVX2__"}) == (8, 2)
-    assert micro_kernel({"__AVX2__", "__FMA__"}) == micro_kernel(frozenset()) == (4, 1)
+    assert isa.isa(frozenset({"__AVX512F__", "__AVX2__", "__FMA__"})) == ("avx512", 16, (8, 2), True)
+    assert isa.isa(frozenset({"__AVX__", "__AVX2__", "__FMA__"})) == ("avx2", 8, (6, 2), True)
+    assert isa.isa(frozenset({"__SSE2__"})) == ("sse2", 4, (4, 2), False)
+    assert isa.isa(frozenset({"__ARM_NEON", "__ARM_FEATURE_FMA"})) == ("neon", 4, (8, 2), True)
+    assert isa.isa(frozenset()) == ("generic", 4, (4, 2), False)
     if platform.machine() in ("x86_64", "AMD64"):
-        assert "__SSE2__" in runtime_c.native_features()
+        assert "__SSE2__" in isa.features("native")
+        assert isa.features("x86-64") < isa.features("haswell") < isa.features("skylake-avx512")
+    assert isa.runnable_levels()[-1] == "native"
+
+
+def test_an_unknown_level_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv(isa.ENV, "no-such-cpu")
+    with pytest.raises(ft.errors.CompileError, match="-march=no-such-cpu.*POLYFT_MARCH"):
+        ft.compile(gates, *gates_inputs(16, 64, 64))
 
 
 def test_cache_key_holds_the_instruction_set(monkeypatch):
     source = "int f(void) { return 1; }\n"
     here = runtime_c.build(source)
     assert runtime_c.build(source) == here
-    monkeypatch.setattr(runtime_c, "native_features", lambda cc=None: frozenset({"__SOME_OTHER_CPU__"}))
+    monkeypatch.setattr(runtime_c, "features", lambda level=None, cc=None: frozenset({"__SOME_OTHER_CPU__"}))
     assert runtime_c.build(source) != here
+    monkeypatch.undo()
+    assert runtime_c.build(source, runtime_c.compile_flags("x86-64")) != here
 
 
-def test_generated_gemm_uses_the_chosen_kernel(monkeypatch):
-    monkeypatch.setattr(runtime_c, "native_features", lambda cc=None: frozenset({"__AVX512F__"}))
-    monkeypatch.setattr("polyft.emit.c_target.native_features", runtime_c.native_features)
-    xs, hs, w, u = flist([16], [1, 64], 1), flist([16], [1, 64], 2), rand((64, 64), 3), rand((64, 64), 4)
-    prog = ft.compile(gates, xs, hs, w, u)
-    assert "_c7_1" in prog.source and "_c8_0" not in prog.source  # 8 rows x 2 vectors of accumulators
-    assert_same(prog(xs, hs, w, u), gates(xs, hs, w, u))
+def gates_inputs(N, H, Q):
+    return flist([N], [1, H], 1), flist([N], [1, H], 2), rand((H, Q), 3), rand((H, Q), 4)
+
+
+@pytest.mark.parametrize("level", isa.runnable_levels())
+def test_generated_gemm_uses_the_levels_kernel(level):
+    """Built for each level this machine runs: the level's kernel (its accumulators `_c<row>_<vector>`,
+    its vector width), the level's -march, the eager result."""
+    with isa.building_for(level) as spec:
+        prog = ft.compile(gates, *gates_inputs(19, 64, 96))
+    MR, NV = spec.kernel
+    NV = NV if 96 % (NV * spec.lanes) == 0 else 1
+    assert f"_c{MR - 1}_{NV - 1}" in prog.source and f"_c{MR}_0" not in prog.source and f"_c0_{NV}" not in prog.source
+    assert f"vector_size({4 * spec.lanes})" in prog.source
+    assert prog.module.march == level and f"-march={level}" in prog._run.flags
+    assert_same(prog(*gates_inputs(19, 64, 96)), gates(*gates_inputs(19, 64, 96)))
+
+
+def cross_compilers() -> list:
+    """(level, compiler) for every ISA level a compiler here can target: this machine's levels
+    with cc, and aarch64's through aarch64-linux-gnu-gcc where it is installed."""
+    out = [(level, runtime_c.compiler()) for level in isa.LEVELS.get(platform.machine(), ())]
+    if platform.machine() != "aarch64" and shutil.which("aarch64-linux-gnu-gcc"):
+        out += [(level, "aarch64-linux-gnu-gcc") for level in isa.LEVELS["aarch64"]]
+    return out
+
+
+# a multiply-add of vectors (FMA, or SSE2's multiply and add), and a vector load from a fixed stack slot
+ARITH = {"x86": r"\s+v?(f?n?madd\d*ps|mulps|addps)\s", "arm": r"\s+(fmla|fmul|fadd)\s+v\d+\.4s"}
+STACK = {"x86": r"\(%r[sb]p\)", "arm": r"\[sp"}
+RELOAD = {"x86": r"\s+v?mov[au]ps\s+-?\d*\(%r[sb]p\), %[xyz]mm", "arm": r"\s+ldr\s+q\d+, \[sp"}
+
+
+@pytest.mark.parametrize("level, cc", cross_compilers())
+def test_accumulators_stay_in_registers(level, cc, tmp_path):
+    """The issue this guards: a 64-byte vector type on an AVX2 core kept every accumulator on
+    the stack (`vfmadd213ps 256(%rsp), ...`), 20x slower. The assembly of each level's GEMM
+    (and of the fused x @ W + h @ U) has multiply-adds, none reading the stack, and no vector
+    reloaded from a stack slot."""
+    arch = "arm" if "aarch64" in cc or platform.machine() == "aarch64" else "x86"
+    spec = isa.isa(isa.features(level, cc))
+    TARGET = TARGETS["c"][0]
+    xs, hs, w, u = gates_inputs(19, 64, 64)
+    prog = ft.analyze(gates, xs, hs, w, u)
+    kernel = (*spec.kernel, spec.lanes)
+    TARGET.kernel = kernel
+    try:
+        module = TARGET.generate(prog.model, prog.schedule, storage=prog.storage)
+    finally:
+        TARGET.kernel = None
+    src = tmp_path / "gemm.c"
+    src.write_text(module.source)
+    flags = [f for f in runtime_c.compile_flags(level) if f not in ("-shared", "-fopenmp")]
+    subprocess.run([cc, *flags, "-fopenmp", "-S", str(src), "-o", str(tmp_path / "gemm.s")], check=True)
+    asm = (tmp_path / "gemm.s").read_text().splitlines()
+    arith = [line for line in asm if re.match(ARITH[arch], line)]
+    assert len(arith) >= kernel[0] * kernel[1], f"{level}: {len(arith)} vector multiply-adds"
+    assert not [line for line in arith if re.search(STACK[arch], line)], f"{level}: accumulators on the stack"
+    assert not [line for line in asm if re.match(RELOAD[arch], line)], f"{level}: vectors reloaded from the stack"
 
 
 @pytest.mark.parametrize("P, width", [(1, 16), (32, 4), (64, 2), (200, 1)])
@@ -131,7 +204,7 @@ def test_packed_sum_of_matmuls_over_a_map(kernel, pack_all, N, P, H, Q):
     xs, hs = flist([N], [P, H], 1), flist([N], [P, H], 2)
     w, u = rand((H, Q), 3), rand((H, Q), 4)
     prog = ft.compile(gates, xs, hs, w, u)
-    assert packed(prog.source) == (2 if Q % 16 == 0 else 0)  # 24 columns: plain loops, nothing packed
+    assert packed(prog.source) == (2 if Q % kernel[2] == 0 else 0)  # lanes not dividing: plain loops, nothing packed
     assert_same(prog(xs, hs, w, u), gates(xs, hs, w, u))
 
 

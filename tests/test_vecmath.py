@@ -5,12 +5,14 @@
   (`pytest -s`) and bounded, within numpy's own float32 functions' error on the same points;
 * special values exactly as numpy: NaN, +-inf, +-0 (tanh keeps the sign of zero), the last
   finite and first infinite exp, results that underflow to subnormals and to zero;
-* a loop calling each vectorises (gcc's -fopt-info-vec): the reason they exist;
+* a loop calling each vectorises (gcc's -fopt-info-vec) on every ISA level: the reason they exist;
+* accuracy and special values hold for the code of every level this machine runs;
 * compiled programs using them agree with the eager path.
 """
 from __future__ import annotations
 
 import ctypes
+import platform
 import re
 import subprocess
 
@@ -18,7 +20,7 @@ import numpy as np
 import pytest
 
 import polyft as ft
-from polyft.emit import runtime_c
+from polyft.emit import isa, runtime_c
 from polyft.emit.c_target import VECMATH
 
 from helpers import assert_same, flist, rand
@@ -35,9 +37,10 @@ MAX_ULP = {"exp": 2, "tanh": 2, "sigmoid": 3}
 TINY = np.finfo(np.float32).tiny
 
 
-@pytest.fixture(scope="module")
-def lib():
-    return ctypes.CDLL(runtime_c.build(LOOPS))
+@pytest.fixture(scope="module", params=isa.runnable_levels())
+def lib(request):
+    """The functions built for each ISA level this machine runs (their vector code differs)."""
+    return ctypes.CDLL(runtime_c.build(LOOPS, runtime_c.compile_flags(request.param)))
 
 
 def call(lib, name, x):
@@ -91,13 +94,16 @@ def test_special_values(lib):
     assert np.isnan(got[0]) and list(got[1:5]) == [1.0, 0.0, 0.5, 0.5] and got[9] == 0.0
 
 
-def test_loops_vectorise(tmp_path):
+@pytest.mark.parametrize("level", [*isa.LEVELS.get(platform.machine(), ()), "native"])
+def test_loops_vectorise(tmp_path, level):
+    """On every ISA level (SSE2 has no rounding instruction and no masks: ft_expf rounds by
+    a shift and the generated C is built with -fno-trapping-math, or nothing vectorises)."""
     cc = runtime_c.compiler()
     if "Free Software Foundation" not in subprocess.run([cc, "--version"], capture_output=True, text=True).stdout:
         pytest.skip(f"{cc} is not GCC: -fopt-info-vec is GCC's report")
     src = tmp_path / "loops.c"
     src.write_text(LOOPS)
-    flags = [f for f in runtime_c.FLAGS if f != "-shared"]
+    flags = [f for f in runtime_c.compile_flags(level) if f != "-shared"]
     r = subprocess.run([cc, *flags, "-c", str(src), "-o", str(tmp_path / "loops.o"), "-fopt-info-vec-optimized"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -113,3 +119,33 @@ def test_compiled_programs_use_them():
     prog = ft.compile(cell, xs, w)
     assert all(f"ft_{f}f(" in prog.source for f in ("sigmoid", "tanh", "exp"))
     assert_same(prog(xs, w), cell(xs, w))
+
+
+@pytest.mark.parametrize("level", [*isa.LEVELS.get(platform.machine(), ()), "native"])
+def test_softmax_rows_vectorise(tmp_path, level):
+    """Each of a softmax row's three loops (its max, its exps and their sum, the division)
+    vectorises on every ISA level: the max and the sum reduce in vector lanes (omp simd)."""
+    cc = runtime_c.compiler()
+    if "Free Software Foundation" not in subprocess.run([cc, "--version"], capture_output=True, text=True).stdout:
+        pytest.skip(f"{cc} is not GCC: -fopt-info-vec is GCC's report")
+    with isa.building_for(level):
+        prog = ft.compile(softmax_rows, flist([8], [16, 64], 3))
+    src = tmp_path / "softmax.c"
+    src.write_text(prog.source)
+    flags = [f for f in runtime_c.compile_flags(level) if f != "-shared"]
+    r = subprocess.run([cc, *flags, "-c", str(src), "-o", str(tmp_path / "softmax.o"), "-fopt-info-vec-optimized"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    lines = prog.source.splitlines()
+    first = next(n for n, text in enumerate(lines, 1) if "_mx = -INFINITY" in text)
+    heads = [n for n, text in enumerate(lines, 1) if n > first and "for (int _a = 0;" in text][:3]
+    vectorised = {int(m.group(1)) for m in re.finditer(r"softmax\.c:(\d+):\d+: optimized: loop vectorized", r.stderr)}
+    for head, end in zip(heads, heads[1:] + [heads[-1] + 3]):
+        assert vectorised & set(range(head - 1, end)), (level, lines[head - 1:end], r.stderr)
+    if level in isa.runnable_levels():
+        xs = flist([8], [16, 64], 4)
+        assert_same(prog(xs), softmax_rows(xs))
+
+
+def softmax_rows(xs):
+    return xs.map(lambda x: ft.softmax(x * 3, axis=-1))
