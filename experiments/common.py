@@ -11,10 +11,12 @@ import math
 import os
 import platform
 import subprocess
+import sys
 
 import pandas as pd
 from tqdm import tqdm
 
+from polyft.emit import isa
 from polyft.errors import PolyftError
 
 from .registry import tagged
@@ -40,7 +42,43 @@ def commit() -> str:
 
 
 def meta() -> dict:
-    return {"device": cpu_name(), "commit": commit(), "date": datetime.date.today().isoformat()}
+    """The columns every row carries: where, what code, when, and the ISA level of the
+    generated C and of the peers (cap_peers)."""
+    level = isa.march()
+    return {"device": cpu_name(), "commit": commit(), "date": datetime.date.today().isoformat(),
+            "isa": f"{level} ({isa.current().name})", "peer_isa": PEER_ISA.get(level, {}).get("ATEN_CPU_CAPABILITY",
+                                                                                           "native")}
+
+
+# The ISA ceiling for the peers that $POLYFT_MARCH sets for the generated C, so that an AVX-512
+# host measures what an AVX2 host would see from every system: torch's ATen kernels, MKL,
+# oneDNN and XLA read these variables when they load (numpy's OpenBLAS too, but numpy is loaded
+# before any experiment runs: $OPENBLAS_CORETYPE is the caller's to set).
+PEER_ISA = {
+    "haswell": dict(ATEN_CPU_CAPABILITY="avx2", MKL_ENABLE_INSTRUCTIONS="AVX2", ONEDNN_MAX_CPU_ISA="AVX2",
+                    XLA_FLAGS="--xla_cpu_max_isa=AVX2"),
+    "skylake-avx512": dict(ATEN_CPU_CAPABILITY="avx512", MKL_ENABLE_INSTRUCTIONS="AVX512",
+                           ONEDNN_MAX_CPU_ISA="AVX512_CORE", XLA_FLAGS="--xla_cpu_max_isa=AVX512"),
+}
+
+
+def cap_peers() -> None:
+    """Cap torch and JAX at the ISA level of $POLYFT_MARCH (PEER_ISA), before they load; a
+    level without a cap (native, SSE2) leaves them alone. Raises when one is already loaded:
+    its numbers would silently be another ISA's."""
+    env = PEER_ISA.get(isa.march())
+    if not env:
+        return
+    loaded = [m for m in ("torch", "jax") if m in sys.modules]
+    if loaded and any(os.environ.get(k) != v for k, v in env.items() if k != "XLA_FLAGS"):
+        raise PolyftError(f"{' and '.join(loaded)} loaded before ${isa.ENV}={isa.march()} could cap "
+                          "its ISA: set it before starting Python", op="experiments", where=isa.ENV)
+    for key, value in env.items():
+        if key == "XLA_FLAGS":
+            flags = os.environ.get(key, "")
+            os.environ[key] = flags if "xla_cpu_max_isa" in flags else f"{flags} {value}".strip()
+        else:
+            os.environ.setdefault(key, value)
 
 
 def preset_args(parser: argparse.ArgumentParser, quick: str = "small sizes on the CPU (the default)",

@@ -48,7 +48,7 @@ from polyft.workloads import get
 from polyft.workloads import sizes as full_sizes
 
 from . import baselines, baselines_jax, common
-from .common import cpu_name, meta
+from .common import cap_peers, cpu_name, meta
 from .deps_time import lengths
 
 EAGER = "numpy-eager"
@@ -262,6 +262,7 @@ def measure(workload: str, sizes: dict, preset: str = "quick", repeats: int | No
     """One row per system of `workload` at `sizes` (inputs: the "small" preset overridden
     by `sizes`, seed 1); `extra` columns (depth, panel, ...) are copied into every row;
     `by_hand` as systems'."""
+    cap_peers()  # torch and JAX at $POLYFT_MARCH's level, as the generated C
     mod = get(workload)
     repeats = repeats or REPEATS.get(preset, 3)
     info = {k: v for k, v in (info or meta()).items() if k != "device"}  # device: per system
