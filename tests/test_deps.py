@@ -353,7 +353,7 @@ def test_deps_time_writes_tidy_csv(tmp_path, monkeypatch):
     df = deps_time.run(preset="quick", out_dir=str(tmp_path), repeats=1)
     on_disk = __import__("pandas").read_csv(tmp_path / "deps_time_quick.csv")
     assert list(on_disk.columns) == ["workload", "preset", "lengths", "sizes", "phase", "seconds", "repeats",
-                                     "device", "commit", "date"]
+                                     "device", "commit", "date", "isa", "peer_isa"]
     assert len(df) == len(on_disk) == len(WORKLOADS) * 2 * 4
     assert set(df.phase) == {"trace", "model", "analyze", "total"} and (df.seconds > 0).all()
 

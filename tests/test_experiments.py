@@ -221,7 +221,7 @@ def test_ncu_csv_is_summed_over_kernels_in_bytes():
 def test_memory_rows_and_plot(tmp_path):
     df = memory.run("quick", str(tmp_path))
     got = pd.read_csv(tmp_path / "memory_quick.csv")
-    assert list(got.columns) == memory.COLUMNS + ["device", "commit", "date"]
+    assert list(got.columns) == memory.COLUMNS + ["device", "commit", "date", "isa", "peer_isa"]
     assert len(got) == len(df) == 2 * len(WORKLOADS)
     assert set(zip(got["workload"], got["preset"])) == {(w, p) for w in WORKLOADS for p in ("small", "paper")}
     assert (got["intermediate_allocated_bytes"] + got["intermediate_local_bytes"]
