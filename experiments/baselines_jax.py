@@ -11,26 +11,28 @@ every baseline is checked against the eager result before it is timed.
 
 Settings, each the faster of the alternatives measured side by side (`python -m
 polyft.experiments.baselines_jax` times them again, at fig7's quick shapes; OPTIONS lists
-them; measured on the 2-core AMD EPYC VM of results/, loaded by other jobs, medians of 9):
+them). The ratios below: medians of 9 calls, three runs on the 2-core AMD EPYC VM of results/
+(Zen 4, AVX-512; one run loaded by other jobs, two idle):
 
 * the whole call is one `jax.jit`; `run()` ends in `block_until_ready()` (JAX dispatches
   asynchronously); the first call compiles, outside any timing (measure.py's check);
 * float32 (JAX's default), XLA's own CPU thread pool (every core; no flag limits it);
 * recurrences: time-major data, one `lax.scan` over time per layer (scan's `unroll=2, 4, 8`
-  measured within 3% of none on the LSTM: left at 1); the LSTM's four gates concatenated into one [H, 4H] matrix and [1, 4H] bias, one
-  matmul per operand per step, as torch.nn.LSTM does;
+  measured within 3% of none on the LSTM: left at 1); the LSTM's four gates concatenated into
+  one [H, 4H] matrix and [1, 4H] bias, one matmul per operand per step, as torch.nn.LSTM does;
 * the input projection of a whole layer hoisted out of the time scan (one [L*N, H] GEMM; the
   layer below is finished before this one starts), as torch.nn.LSTM does on the CPU, where it
-  is faster: the stacked RNN (hoisted 1.33x faster) and the grid RNN (g @ w + b per layer and
-  a row's h_up @ u2 per row outside the scans: 1.36x). Not for the stacked and dilated LSTMs
-  (`hoist=False` kept, 1.55x and 2.1x faster than hoisting, on one core as on two): XLA's
-  CPU code for the hoisted step (a slice of the [L, N, 4H] projections, + h @ U, the gate
-  math) is slower than for the cell as written (x @ W + h @ U + b, the gate math), more than
-  the hoisted GEMM saves; we did not find why (optimization_barrier did not change it);
-* layers: an unrolled Python loop (`layers="unroll"`) rather than a `lax.scan` over the
-  stacked weights (`layers="scan"`): equal on the stacked RNN and LSTM (within 2%), the loop
-  1.09x faster on the grid RNN; the dilated RNN can only be unrolled (each layer has its own
-  dilation, so its own shapes): its layer k is one scan over L / 2**k steps of a batch of
+  is faster: the stacked RNN (hoisted 1.26-1.34x faster) and the grid RNN (g @ w + b per
+  layer and a row's h_up @ u2 per row outside the scans: 1.22-1.36x). Not for the stacked
+  and dilated LSTMs (`hoist=False` kept: 1.43-1.55x and 1.5-2.1x faster than hoisting, on one
+  core as on two): XLA's CPU code for the hoisted step (a slice of the [L, N, 4H]
+  projections, + h @ U, the gate math) is slower than for the cell as written
+  (x @ W + h @ U + b, the gate math) by more than the hoisted GEMM saves; we did not find why
+  (an optimization_barrier around the slice or the sum did not change it);
+* layers: an unrolled Python loop (`layers="unroll"`) and a `lax.scan` over the stacked
+  weights (`layers="scan"`) measured within noise of each other (5%; the grid RNN's loop once
+  1.17x faster): the loop is kept. The dilated RNN can only be unrolled (each layer has its
+  own dilation, so its own shapes): its layer k is one scan over L / 2**k steps of a batch of
   2**k * N rows (the strided split is a reshape of the time axis);
 * attention: a written-out softmax(q k^T / sqrt(d)) v (two einsums) in the data's own
   [B, heads, T, d] layout (`attention="einsum"`), which measured 2.1x (flash attention) and

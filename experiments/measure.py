@@ -200,6 +200,12 @@ def _sync(device):
 
 
 ROUNDS = 3  # the timed calls of a point come in this many turns per system (time_calls)
+# seconds of quiet before each system's turn: the previous system's idle OpenMP workers stop
+# spinning (libgomp: 300 000 spins, ~8 ms on the 2-core VM of results/, before they sleep; the
+# generated C shares torch's libgomp, loaded first, so emit/threads.py's brief_spin does not
+# apply), which would otherwise take a core from the next system: JAX (XLA's own thread pool)
+# ran its first calls after the C's or torch's turn up to 3.5x slower (stacked RNN, D=16)
+SETTLE = 0.02
 
 
 def _timed(fn, device) -> float:
@@ -214,8 +220,8 @@ def time_calls(calls: list, repeats: int, warmup: int = WARMUP) -> list:
     """Seconds of `repeats` calls of each (fn, device) in `calls`, after `warmup` calls of each.
     The timed calls come in ROUNDS turns, each system in turn running one untimed call and then
     its share of the repeats: a change of the machine's load while they are timed falls on all of
-    them alike, so their ratios hold; the untimed call takes what switching costs (the other
-    system's OpenMP workers still spinning, this one's waking up)."""
+    them alike, so their ratios hold. Each turn starts after SETTLE seconds of quiet (the other
+    system's OpenMP workers stop spinning) and one untimed call (this one's workers wake up)."""
     for fn, device in calls:
         for _ in range(warmup):
             _timed(fn, device)
@@ -223,6 +229,7 @@ def time_calls(calls: list, repeats: int, warmup: int = WARMUP) -> list:
     for r in range(ROUNDS):
         share = repeats // ROUNDS + (r < repeats % ROUNDS)
         for (fn, device), out in zip(calls, times):
+            time.sleep(SETTLE)
             _timed(fn, device)
             out += [_timed(fn, device) for _ in range(share)]
     return times

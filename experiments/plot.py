@@ -76,7 +76,8 @@ def _style(system):
 
 def _read(out_dir, name):
     path = os.path.join(out_dir, name)
-    return pd.read_csv(path) if os.path.exists(path) else None
+    # the commit as text: a short hash like 41865e8 would read as the number 4.1865e12
+    return pd.read_csv(path, dtype={"commit": str}) if os.path.exists(path) else None
 
 
 def _ok(df):
