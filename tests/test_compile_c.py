@@ -527,3 +527,16 @@ def test_length_violating_an_assumption_is_rejected():
     assert_same(prog(xs), program(xs))
     with pytest.raises(InputError, match="L"):
         no_native_code(prog)(flist((7,), (2, 3), 5))
+
+
+@pytest.mark.parametrize("shape", [(16, 24), (8, 8), (12, 16), (5, 7), (2, 16, 8)])
+def test_transposes_by_blocks_and_rows(shape):
+    """ft.transpose swaps the last two axes: by 8 x 8 blocks where 8 divides both, a row at a time
+    otherwise; a tile of instances (the map's batch) and a leading axis keep their order."""
+    def f(xs, w):
+        return xs.map(lambda x: ft.transpose(x) * w)
+    xs = flist([19], list(shape), 1)
+    w = rand(shape[:-2] + (shape[-1], shape[-2]), 2)
+    prog = ft.compile(f, xs, w)
+    assert ("_e3" in prog.source) == (shape[-1] % 8 == 0 and shape[-2] % 8 == 0)
+    assert_same(prog(xs, w), f(xs, w))
