@@ -451,9 +451,12 @@ class StatementBody:
         def body(idx):
             lead, (ib, jb, i, j) = idx[:-4], idx[-4:]
             out = lead + [f"({ib}*{B} + {i})", f"({jb}*{B} + {j})"]
-            return [cgen.Assign(f"{o}[{self._flat(op.shape, out)}]", f"{x}[{self._flat(s, out[:-2] + out[:-3:-1])}]")]
+            return [cgen.Assign(f"_to[{self._flat(op.shape, out)}]", f"_tx[{self._flat(s, out[:-2] + out[:-3:-1])}]")]
         R, C = op.shape[-2:]
-        self.lines.append(self._loops(list(op.shape[:-2]) + [R // B, C // B, B, B], body, "_e"))
+        t = ctype(op.dtype)
+        self.lines.append(cgen.Block([  # restrict: a batch's input is an array of pointers the compiler cannot see through
+            cgen.Line(f"const {t}* {self.RESTRICT} _tx = {x};"), cgen.Line(f"{t}* {self.RESTRICT} _to = {o};"),
+            self._loops(list(op.shape[:-2]) + [R // B, C // B, B, B], body, "_e")]))
 
     def _reduced(self, op) -> tuple:
         """(input's C name, its shape s, reduced axes, kept axes) of a sum/max/mean."""
