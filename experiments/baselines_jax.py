@@ -10,7 +10,7 @@ it and returns numpy data laid out as the eager result (or as `expected(eager re
 every baseline is checked against the eager result before it is timed.
 
 Settings, each the faster of the alternatives measured side by side (`python -m
-polyft.experiments.baselines_jax` times them again, at fig7's quick shapes; OPTIONS lists
+polyft.experiments.jax_settings` times them again, at fig7's quick shapes; OPTIONS lists
 them). The ratios below: medians of 9 calls, three runs on the 2-core AMD EPYC VM of results/
 (Zen 4, AVX-512; one run loaded by other jobs, two idle):
 
@@ -284,29 +284,3 @@ def variants(workload: str) -> list:
     for option, values in options.items():
         out += [(f"{option}={v}", functools.partial(fn, **{option: v})) for v in values if v != defaults[option]]
     return out
-
-
-def main() -> int:
-    """Time every workload's alternatives side by side at fig7's quick shapes (checked first)."""
-    from polyft.testing import rel_error
-    from polyft.workloads import get
-
-    from .fig7 import QUICK
-    from .measure import time_calls
-
-    for workload, sizes in QUICK.items():
-        mod = get(workload)
-        inputs = mod.inputs("small", seed=1, **sizes)
-        eager = mod.program(*inputs)
-        built = [(label, fn(*inputs)) for label, fn in variants(workload)]
-        for label, b in built:
-            assert rel_error(b.result(), b.expected(eager)) < 1e-4, (workload, label)
-        times = time_calls([(b.run, "cpu") for _, b in built], repeats=9)
-        best = min(float(np.median(t)) for t in times)
-        print(workload, " ".join(f"{label} {np.median(t) * 1e3:.3f} ms ({np.median(t) / best:.2f})"
-                                 for (label, _), t in zip(built, times)), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
