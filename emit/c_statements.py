@@ -362,27 +362,39 @@ class StatementBody:
                     cgen.For("int _m = 0", f"_m < {K}", "_m++", cgen.For(
                         "int _q = 0", f"_q < {Q}", "_q++", cgen.Line(f"_o[_q] += _a[_m] * {b}[_m*{Q} + _q];")))]))
             return [cgen.For("int _r = 0", f"_r < {nrows}", "_r++", cgen.Block(body))]
-        acc = [[f"_c{i}_{v}" for v in range(NV)] for i in range(MR)]
-        rows = [cgen.Line(f"const int _r = _r0 + _i < {nrows} ? _r0 + _i : _r0;  /* past the end: recompute, not stored */")]
-        rows += [cgen.Line(f"_a{k}[_i] = {a_row('_r')};") for k, (_, a_row, _) in enumerate(terms)]
-        rows += [cgen.Line(f"_o[_i] = {out_row('_r')};")]
-        steps = []
-        for k, (K, _, (b, panel)) in enumerate(terms):
-            assert panel in (None, L * NV)
-            at = f"_m*{Q} + _q0" if panel is None else f"_q0*{K} + _m*{panel}"  # panel _q0 / panel starts at _q0*K
-            steps.append(cgen.For("int _m = 0", f"_m < {K}", "_m++", cgen.Block(
-                [cgen.Line(f"ft_vec _w{v};") for v in range(NV)]
-                + [cgen.Statement(f"memcpy(&_w{v}, {b} + {at} + {L * v}, sizeof _w{v})") for v in range(NV)]
-                + [cgen.Line(f"{acc[i][v]} += _a{k}[{i}][_m] * _w{v};") for i in range(MR) for v in range(NV)])))
-        store = [cgen.Statement(f"memcpy(_o[{i}] + _q0 + {L * v}, &{acc[i][v]}, sizeof {acc[i][v]})")
-                 for v in range(NV) for i in range(MR)]
-        return [cgen.For("int _r0 = 0", f"_r0 < {nrows}", f"_r0 += {MR}", cgen.Block([
-            cgen.Line(" ".join(f"const {t}* _a{k}[{MR}];" for k in range(len(terms))) + f" {t}* _o[{MR}];"),
-            cgen.For("int _i = 0", f"_i < {MR}", "_i++", cgen.Block(rows)),
-            cgen.For("int _q0 = 0", f"_q0 < {Q}", f"_q0 += {L * NV}", cgen.Block([
-                cgen.Line(f"ft_vec {', '.join(f'{c} = {{0}}' for row in acc for c in row)};")] + steps
-                + [cgen.If(f"_r0 + {MR} <= {nrows}", cgen.Block(store), cgen.Block([
-                    cgen.If(f"_r0 + {i} < {nrows}", cgen.Block(store[i::MR])) for i in range(MR)]))]))]))]
+        def block(MR, first, last, tail):
+            """Row blocks of MR rows from `first` while `last` holds; a `tail` block may run
+            past nrows (the extra rows recompute its first row and are not stored)."""
+            acc = [[f"_c{i}_{v}" for v in range(NV)] for i in range(MR)]
+            clamp = f"_r0 + _i < {nrows} ? _r0 + _i : _r0" if tail else "_r0 + _i"
+            rows = [cgen.Line(f"const int _r = {clamp};")]
+            rows += [cgen.Line(f"_a{k}[_i] = {a_row('_r')};") for k, (_, a_row, _) in enumerate(terms)]
+            rows += [cgen.Line(f"_o[_i] = {out_row('_r')};")]
+            steps = []
+            for k, (K, _, (b, panel)) in enumerate(terms):
+                assert panel in (None, L * NV)
+                at = f"_m*{Q} + _q0" if panel is None else f"_q0*{K} + _m*{panel}"  # panel _q0 / panel starts at _q0*K
+                steps.append(cgen.For("int _m = 0", f"_m < {K}", "_m++", cgen.Block(
+                    [cgen.Line(f"ft_vec _w{v};") for v in range(NV)]
+                    + [cgen.Statement(f"memcpy(&_w{v}, {b} + {at} + {L * v}, sizeof _w{v})") for v in range(NV)]
+                    + [cgen.Line(f"{acc[i][v]} += _a{k}[{i}][_m] * _w{v};") for i in range(MR) for v in range(NV)])))
+            store = [cgen.Statement(f"memcpy(_o[{i}] + _q0 + {L * v}, &{acc[i][v]}, sizeof {acc[i][v]})")
+                     for v in range(NV) for i in range(MR)]
+            if tail:
+                store = [cgen.If(f"_r0 + {MR} <= {nrows}", cgen.Block(store), cgen.Block([
+                    cgen.If(f"_r0 + {i} < {nrows}", cgen.Block(store[i::MR])) for i in range(MR)]))]
+            return cgen.For(f"int _r0 = {first}", last, f"_r0 += {MR}", cgen.Block([
+                cgen.Line(" ".join(f"const {t}* _a{k}[{MR}];" for k in range(len(terms))) + f" {t}* _o[{MR}];"),
+                cgen.For("int _i = 0", f"_i < {MR}", "_i++", cgen.Block(rows)),
+                cgen.For("int _q0 = 0", f"_q0 < {Q}", f"_q0 += {L * NV}", cgen.Block([
+                    cgen.Line(f"ft_vec {', '.join(f'{c} = {{0}}' for row in acc for c in row)};")] + steps + store))]))
+        # full blocks of the kernel's MR rows, then the rest in blocks of 4 (2 where MR is 4 or
+        # less): 8 rows on AVX2's 6-row kernel compute 10 rows, not 12; 16 rows exactly 16
+        out = [block(MR, "0", f"_r0 + {MR} <= {nrows}", False)]
+        if not nrows.isdigit() or int(nrows) % MR:
+            MT = 4 if MR > 4 else 2
+            out.append(block(MT, f"{nrows} - {nrows} % {MR}", f"_r0 < {nrows}", True))
+        return out
 
     def _handler(self, op):
         handler = getattr(self, f"_op_{op.op}", None)

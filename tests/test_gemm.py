@@ -52,8 +52,9 @@ def gates(xs, hs, w, u):
 
 
 def fused_terms(source: str) -> int:
-    """How many GEMMs of the generated C accumulate a second product (`_a1`: its rows)."""
-    return source.count("const float* _a1[")
+    """How many GEMMs of the generated C accumulate a second product (`_a1`: its rows), counted
+    by their first row blocks (a tail of rows follows some)."""
+    return len(re.findall(r"for \(int _r0 = 0;.*\n\s*\{\n\s*const float\* _a0\[\d+\]; const float\* _a1\[", source))
 
 
 @pytest.mark.parametrize("N, P, H, Q", [(19, 1, 32, 64), (5, 3, 16, 48), (16, 2, 8, 24)])
