@@ -12,6 +12,8 @@ import glob
 import os
 from dataclasses import dataclass
 
+from polyft.emit import isa
+
 
 PRESETS = ("quick", "paper")
 
@@ -53,9 +55,10 @@ ARTEFACTS = {
                        "each count's time over one thread's."}),
     "gemm": Artefact("polyft.experiments.gemm", "The generated GEMM against the CPU's peak", {
         "gemm.csv": "GFLOP/s of the generated C's matrix products (x @ W over a batch of rows, x @ W + h @ U as "
-                    "one GEMM, an LSTM's four gates) on one core, with the micro-kernel chosen for the CPU and "
-                    "the portable one, and unpacked where the C target packs the shared matrices, beside "
-                    "torch's matmul (the gates concatenated, as nn.LSTM) and the core's measured FMA peak."}),
+                    "one GEMM, an LSTM's four gates) on one core, built for every ISA level the machine runs "
+                    "(SSE2, AVX2, AVX-512, native), and unpacked where the C target packs the shared matrices, "
+                    "beside torch's and numpy's sgemm on one thread (the gates concatenated, as nn.LSTM), each "
+                    "level's theoretical peak (clock x FP units x lanes x 2) and an FMA probe at its width."}),
     "fig2": Artefact("polyft.experiments.fig2", "Figure 2", {
         "fig2.csv": "Time against stack depth of the stacked RNN and the stacked LSTM, every system "
                     "(GPU systems as absent rows where there is no GPU)."}),
@@ -122,6 +125,10 @@ def entry(file: str) -> tuple | None:
     known = described()
     if file in UNTAGGED:
         return (file, "-") + known[file]
+    if file in {level for levels in isa.LEVELS.values() for level in levels}:
+        return (file, "-", "reproduce", f"A folder of the same artefacts with the generated C built for -march={file} "
+                "and torch and JAX capped at that level (`POLYFT_MARCH=" + file + " polyft reproduce NAME --out "
+                "results/" + file + "`): what a machine of that instruction set would measure; its own index.")
     stem, ext = os.path.splitext(file)
     base, _, preset = stem.rpartition("_")
     name = base + ext
