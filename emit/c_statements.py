@@ -388,13 +388,25 @@ class StatementBody:
                 cgen.For("int _i = 0", f"_i < {MR}", "_i++", cgen.Block(rows)),
                 cgen.For("int _q0 = 0", f"_q0 < {Q}", f"_q0 += {L * NV}", cgen.Block([
                     cgen.Line(f"ft_vec {', '.join(f'{c} = {{0}}' for row in acc for c in row)};")] + steps + store))]))
-        # full blocks of the kernel's MR rows, then the rest in blocks of 4 (2 where MR is 4 or
-        # less): 8 rows on AVX2's 6-row kernel compute 10 rows, not 12; 16 rows exactly 16
-        out = [block(MR, "0", f"_r0 + {MR} <= {nrows}", False)]
-        if not nrows.isdigit() or int(nrows) % MR:
-            MT = 4 if MR > 4 else 2
-            out.append(block(MT, f"{nrows} - {nrows} % {MR}", f"_r0 < {nrows}", True))
-        return out
+        # blocks of the kernel's MR rows, then the last `_rt` rows in blocks of MT = 4 (2 where
+        # MR is 4 or less), _rt being the remainder of MR or, where that wastes fewer rows,
+        # one MR block more: on AVX2's 6-row kernel 8 rows run as 4 + 4, 14 as 6 + 4 + 4
+        MT = 4 if MR > 4 else 2
+        waste = lambda n: -n % MT  # noqa: E731  (rows a tail of n computes and drops)
+        longer = [r for r in range(1, MR) if waste(r + MR) < waste(r)]
+        if nrows.isdigit():
+            r = int(nrows) % MR
+            rest = str(r + MR if r in longer and int(nrows) >= r + MR else r)
+        else:
+            rest = "_rt"
+        out = [block(MR, "0", f"_r0 + {MR} <= {nrows} - {rest}", False)]
+        if rest != "0":
+            out.append(block(MT, f"{nrows} - {rest}", f"_r0 < {nrows}", True))
+        if rest == "_rt":
+            longer_c = " || ".join(f"_rt0 == {r}" for r in longer) or "0"
+            out = [cgen.Line(f"const long _rt0 = ({nrows}) % {MR};"),
+                   cgen.Line(f"const long _rt = ({longer_c}) && {nrows} >= _rt0 + {MR} ? _rt0 + {MR} : _rt0;")] + out
+        return [cgen.Block(out)]
 
     def _handler(self, op):
         handler = getattr(self, f"_op_{op.op}", None)

@@ -252,3 +252,15 @@ def test_only_large_read_only_matrices_meeting_enough_rows_are_packed():
     assert packed(ft.compile(rows, ft.spec("[N]float32[1, 512]"), w).source) == 1  # rows unknown: packed
     assert packed(ft.compile(rows, flist([64], [1, 256], 3), w[:256, :256]).source) == 0
     assert packed(ft.compile(computed, flist([64], [1, 512], 4), w).source) == 0
+
+
+@pytest.mark.parametrize("P", range(1, 8))
+def test_every_remainder_of_rows(kernel, P):
+    """Row counts of every remainder modulo the kernel's rows (a tile of 16 instances of P
+    rows, then one of P rows): full blocks, then the rest in blocks of 4 or 2, some taking one
+    full block back to waste fewer rows (8 rows on 6: 4 + 4)."""
+    def rows(xs, w):
+        return xs.map(lambda x: ft.tanh(x @ w))
+    xs, w = flist([17], [P, 32], P), rand((32, 48), 3) / 4
+    prog = ft.compile(rows, xs, w)
+    assert_same(prog(xs, w), rows(xs, w))
