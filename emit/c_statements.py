@@ -302,10 +302,24 @@ class StatementBody:
             body = self._gemm_of(op, self.sums[op])
         else:
             self._handler(op)(op)
-            end = self._between_instances(op)
-            body = [cgen.For("int _b = 0", "_b < _nb", "_b++", cgen.Block(self.lines + end))]
+            lines = self._reused(op, self.lines) + self._between_instances(op)
+            body = [cgen.For("int _b = 0", "_b < _nb", "_b++", cgen.Block(lines))]
         self._in_batch = False
         self.lines = outer + body
+
+    REUSE = ("transpose",)  # batched operations worth copying from the previous instance
+
+    def _reused(self, op, lines) -> list:
+        """`lines` (one instance of a batched `op` in REUSE), or a copy of the previous
+        instance's result where every input is the same tile: consecutive instances of a tile
+        often read one key tile (flash attention's k.T for the 8 query tiles of a head)."""
+        loads = [a for a in op.inputs if isinstance(a, OpNode)]
+        if op.op not in self.REUSE or not loads or any(a.op != "load" or a not in self.batched for a in loads):
+            return lines
+        n = max(1, math.prod(op.shape))
+        same = " && ".join(f"v{a.id}[_b] == v{a.id}[_b - 1]" for a in loads)
+        copy = cgen.Statement(f"memcpy(v{op.id} + _b*{n}, v{op.id} + (_b - 1)*{n}, {n} * sizeof *v{op.id})")
+        return [cgen.If(f"_b > 0 && {same}", cgen.Block([copy]), cgen.Block(lines))]
 
     def _between_instances(self, op) -> list:
         """Code after each instance of an operation (the CUDA target's barrier)."""
