@@ -252,3 +252,44 @@ def test_memory_rows_and_plot(tmp_path):
     assert lstm["ratio_allocated"] < lstm["ratio_full"] and lstm["contracted"] >= 1
     assert (got["deferred_model_bytes"] > 0).all()
     assert str(tmp_path / "memory_quick.png") in plot.run(str(tmp_path), "quick", ["memory"])
+
+
+# -- the peers at the ISA level of $POLYFT_MARCH -----------------------------------------------
+def test_peers_are_capped_at_the_level_before_they_load(monkeypatch):
+    """POLYFT_MARCH=haswell sets torch's, MKL's, oneDNN's and XLA's ISA ceilings (unless the user
+    set them), appends to XLA_FLAGS, and names both levels in every row; with torch already
+    loaded under other settings it refuses rather than measure another ISA silently."""
+    import sys
+
+    from polyft.errors import PolyftError
+    from polyft.experiments import common
+    for key in common.PEER_ISA["haswell"]:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/nowhere")
+    monkeypatch.setenv("POLYFT_MARCH", "haswell")
+    for name in ("torch", "jax"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    common.cap_peers()
+    assert os.environ["ATEN_CPU_CAPABILITY"] == "avx2" and os.environ["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+    assert os.environ["XLA_FLAGS"] == "--xla_dump_to=/tmp/nowhere --xla_cpu_max_isa=AVX2"
+    assert common.meta()["isa"] == "haswell (avx2)" and common.meta()["peer_isa"] == "avx2"
+    monkeypatch.setitem(sys.modules, "torch", object())
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx512")
+    with pytest.raises(PolyftError, match="torch loaded before .POLYFT_MARCH=haswell"):
+        common.cap_peers()
+    monkeypatch.setenv("POLYFT_MARCH", "native")
+    common.cap_peers()  # native: the peers as they are
+
+
+def test_torch_runs_avx2_kernels_under_polyft_march_haswell():
+    """End to end, in a fresh process: the experiments loaded first, torch reports AVX2."""
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS",
+                                                            "ONEDNN_MAX_CPU_ISA")}
+    env["POLYFT_MARCH"] = "haswell"
+    r = subprocess.run([sys.executable, "-c", "import polyft.experiments, torch; "
+                        "print(torch.backends.cpu.get_cpu_capability())"], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() in ("AVX2", "DEFAULT"), r.stdout  # DEFAULT: a CPU without AVX2
