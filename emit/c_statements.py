@@ -159,6 +159,7 @@ class StatementBody:
         self.kernel = kernel  # the GEMM micro-kernel: (rows, vectors, floats per vector) of accumulators
         self.packed = packed  # names of the buffers whose matrices the call has packed in panels
         self.sums: dict = {}  # add -> the two matmuls it sums, computed as one GEMM (_matmul_sums)
+        self.accumulates: dict = {}  # add -> (matmul, tile) computed as one GEMM from the tile (_matmul_accumulates)
         self._in_batch = False  # generating the body of the per-instance `_b` loop
         self.lines: list = []
         self.temps: list = []  # (declaration line, name, C type, bytes) of the tile temporaries
@@ -246,7 +247,8 @@ class StatementBody:
         if self.batch is not None:
             self.batched = self._depends_on_batch()
         self.sums = self._matmul_sums()
-        fused = {mm for pair in self.sums.values() for mm in pair}
+        self.accumulates = self._matmul_accumulates()
+        fused = {mm for pair in self.sums.values() for mm in pair} | {mm for mm, _ in self.accumulates.values()}
         for op in self.ops:
             if op in fused:
                 continue  # computed by the GEMM of the sum it feeds
@@ -284,6 +286,45 @@ class StatementBody:
             if kinds == ({True} if op in self.batched else {None}):
                 out[op] = mms
         return out
+
+    ACCUMULATE = True  # the C target's GEMMs may start from a tile (_matmul_accumulates)
+
+    def _matmul_accumulates(self) -> dict:
+        """`x + p @ v` (an add of a float tile x and a matmul used nowhere else, of one shape,
+        not already a sum of two matmuls): add -> (matmul, x), computed as one GEMM whose
+        accumulators start from x's rows, so neither the product nor the sum is a separate pass
+        (flash attention's `alpha * o + p @ v`). Per instance where batched, with the per-instance
+        right operand the batch's GEMM over all its rows does not take."""
+        if not self.ACCUMULATE:
+            return {}
+        uses: dict = {}
+        for op in self.ops:
+            for a in op.inputs:
+                if isinstance(a, OpNode):
+                    uses[a] = uses.get(a, 0) + 1
+        out = {}
+        for op in self.ops:
+            mms = [a for a in op.inputs if isinstance(a, OpNode) and a.op == "matmul"]
+            if op.op != "add" or op in self.sums or len(mms) != 1 or len(op.inputs) != 2:
+                continue
+            mm, x = mms[0], op.inputs[1 if op.inputs[0] is mms[0] else 0]
+            batched = op in self.batched
+            if isinstance(x, OpNode) and uses[mm] == 1 and ctype(op.dtype) == ctype(x.dtype) == ctype(mm.dtype) == "float" \
+                    and tuple(mm.shape) == tuple(x.shape) == tuple(op.shape) \
+                    and all(len(self._operand(a)[1]) == 2 for a in mm.inputs) \
+                    and (mm in self.batched) == (x in self.batched) == batched \
+                    and not (batched and self._shared_right(mm)):
+                out[op] = (mm, x)
+        return out
+
+    def _accumulate(self, op):
+        """op = x + a @ b (self.accumulates): the GEMM's accumulators start from x's rows."""
+        mm, x = self.accumulates[op]
+        (a, (P, K), _), b = self._left_operand(mm.inputs[0]), self._right(mm)
+        self._decl(op)
+        o, xr, Q = self._ref(op), self._ref(x), op.shape[1]
+        self.lines += self._gemm(str(P), [(K, lambda r: f"{a} + ({r})*{K}", b)], Q, lambda r: f"{o} + ({r})*{Q}",
+                                 "float", init_row=lambda r: f"{xr} + ({r})*{Q}")
 
     def _shared_right(self, mm) -> bool:
         return not (isinstance(mm.inputs[1], OpNode) and mm.inputs[1] in self.batched)
@@ -358,18 +399,20 @@ class StatementBody:
         return (self.buffer_ref(pc.buffer, [self._index(ix) for ix in pc.index], packed=True),
                 panel_width(self.kernel, mm.shape[1]))
 
-    def _gemm(self, nrows: str, terms: list, Q: int, out_row, t: str) -> list:
+    def _gemm(self, nrows: str, terms: list, Q: int, out_row, t: str, init_row=None) -> list:
         """out[r, :] = sum of a[r, :] @ b over the (K, a_row, (b, panel)) `terms`, for r <
         nrows: a register-blocked micro-kernel (MR rows x NV vectors of L floats, `ft_vec`,
         accumulated over every term's K and stored once; self.kernel, chosen for the ISA:
         emit/isa.py) when L divides Q, else plain loops. `a_row(r)` / `out_row(r)` are C pointers to row r; `b` points to
-        the right matrix, row-major (panel None) or packed in panels of `panel` columns."""
+        the right matrix, row-major (panel None) or packed in panels of `panel` columns. With
+        `init_row(r)`, out = that row + the products (the accumulators start from it)."""
         MR, NV, L = self.kernel
         NV = NV if Q % (L * NV) == 0 else 1
         if Q % L or t != "float":
             assert all(panel is None for *_, (_, panel) in terms)
             body = [cgen.Line(f"{t}* restrict _o = {out_row('_r')};"),
-                    cgen.For("int _q = 0", f"_q < {Q}", "_q++", cgen.Assign("_o[_q]", "0"))]
+                    cgen.For("int _q = 0", f"_q < {Q}", "_q++",
+                             cgen.Assign("_o[_q]", f"({init_row('_r')})[_q]" if init_row else "0"))]
             for K, a_row, (b, _) in terms:
                 body.append(cgen.Block([
                     cgen.Line(f"const {t}* restrict _a = {a_row('_r')};"),
@@ -384,6 +427,11 @@ class StatementBody:
             rows = [cgen.Line(f"const int _r = {clamp};")]
             rows += [cgen.Line(f"_a{k}[_i] = {a_row('_r')};") for k, (_, a_row, _) in enumerate(terms)]
             rows += [cgen.Line(f"_o[_i] = {out_row('_r')};")]
+            rows += [cgen.Line(f"_x[_i] = {init_row('_r')};")] if init_row else []
+            start = [cgen.Line(f"ft_vec {', '.join(c for row in acc for c in row)};")] + [
+                cgen.Statement(f"memcpy(&{acc[i][v]}, _x[{i}] + _q0 + {L * v}, sizeof {acc[i][v]})")
+                for i in range(MR) for v in range(NV)] if init_row else \
+                [cgen.Line(f"ft_vec {', '.join(f'{c} = {{0}}' for row in acc for c in row)};")]
             steps = []
             for k, (K, _, (b, panel)) in enumerate(terms):
                 assert panel in (None, L * NV)
@@ -398,10 +446,11 @@ class StatementBody:
                 store = [cgen.If(f"_r0 + {MR} <= {nrows}", cgen.Block(store), cgen.Block([
                     cgen.If(f"_r0 + {i} < {nrows}", cgen.Block(store[i::MR])) for i in range(MR)]))]
             return cgen.For(f"int _r0 = {first}", last, f"_r0 += {MR}", cgen.Block([
-                cgen.Line(" ".join(f"const {t}* _a{k}[{MR}];" for k in range(len(terms))) + f" {t}* _o[{MR}];"),
+                cgen.Line(" ".join(f"const {t}* _a{k}[{MR}];" for k in range(len(terms))) + f" {t}* _o[{MR}];"
+                          + (f" const {t}* _x[{MR}];" if init_row else "")),
                 cgen.For("int _i = 0", f"_i < {MR}", "_i++", cgen.Block(rows)),
                 cgen.For("int _q0 = 0", f"_q0 < {Q}", f"_q0 += {L * NV}", cgen.Block([
-                    cgen.Line(f"ft_vec {', '.join(f'{c} = {{0}}' for row in acc for c in row)};")] + steps + store))]))
+                    *start] + steps + store))]))
         # blocks of the kernel's MR rows, then the last `_rt` rows in blocks of MT = 4 (2 where
         # MR is 4 or less), _rt being the remainder of MR or, where that wastes fewer rows,
         # one MR block more: on AVX2's 6-row kernel 8 rows run as 4 + 4, 14 as 6 + 4 + 4
@@ -423,6 +472,8 @@ class StatementBody:
         return [cgen.Block(out)]
 
     def _handler(self, op):
+        if op in self.accumulates:
+            return self._accumulate
         handler = getattr(self, f"_op_{op.op}", None)
         if handler is None and op.op in UNARY:
             handler = self._unary

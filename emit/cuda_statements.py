@@ -44,6 +44,7 @@ class CudaStatementBody(StatementBody):
 
     RESTRICT = "__restrict__"
     REUSE = ()  # a block's threads share each instance's work: no copy from the previous one
+    ACCUMULATE = False  # the tile library's GEMMs start from zero
     ELEMENTS = ("threadIdx.x", "blockDim.x")  # a tile's elements strided over the block's threads
 
     def __init__(self, *args, precision="fp32", **kw):

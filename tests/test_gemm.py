@@ -264,3 +264,42 @@ def test_every_remainder_of_rows(kernel, P):
     xs, w = flist([17], [P, 32], P), rand((32, 48), 3) / 4
     prog = ft.compile(rows, xs, w)
     assert_same(prog(xs, w), rows(xs, w))
+
+
+def accumulated(source: str) -> int:
+    """How many GEMMs of the generated C start their accumulators from a tile (`_x`: its rows)."""
+    return len(re.findall(r"for \(int _r0 = 0;.*\n\s*\{\n\s*const float\* _a0\[\d+\]; float\* _o\[\d+\]; const float\* _x\[",
+                          source))
+
+
+@pytest.mark.parametrize("Q", [64, 40])
+def test_a_tile_plus_a_matmul_is_one_gemm(kernel, Q):
+    """`a * o + p @ v` with per-instance p, v (flash attention's output update): one GEMM whose
+    accumulators start from a * o, in a scan (unbatched) and over a map (batched per
+    instance); 40 columns take the plain loops, which start from the tile too. A product also
+    used elsewhere is not fused."""
+    def update(ps, vs, os_):
+        return ft.map(lambda p, v, o: o * 0.5 + p @ v, ps, vs, os_)
+
+    def scan(ps, v):
+        return ps.scanl(lambda o, p: ft.tanh(o * 0.5 + p @ v), ft.zeros((3, Q)))
+
+    def used_twice(ps, vs, os_):
+        def f(p, v, o):
+            y = p @ v
+            return o + y, y * 2
+        return ft.map(f, ps, vs, os_)
+    ps, vs, os_ = flist([19], [3, 32], 1), flist([19], [32, Q], 2), flist([19], [3, Q], 3)
+    prog = ft.compile(update, ps, vs, os_)
+    if Q % kernel[2] == 0:
+        assert accumulated(prog.source) == 1
+    else:
+        assert accumulated(prog.source) == 0 and "_o[_q] = (" in prog.source
+    assert_same(prog(ps, vs, os_), update(ps, vs, os_))
+    v = rand((32, Q), 4) / 6
+    prog = ft.compile(scan, ps, v)
+    assert "_x[_i] = " in prog.source or Q % kernel[2]
+    assert_same(prog(ps, v), scan(ps, v))
+    prog = ft.compile(used_twice, ps, vs, os_)
+    assert accumulated(prog.source) == 0 and "_o[_q] = (" not in prog.source
+    assert_same(prog(ps, vs, os_), used_twice(ps, vs, os_))
