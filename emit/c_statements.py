@@ -265,15 +265,20 @@ class StatementBody:
     def _depends_on_batch(self) -> set:
         return depends_on(self.ops, self.batch[0])
 
-    def _matmul_sums(self) -> dict:
-        """`x @ W + h @ U` (an add of two matmuls used nowhere else, same shape, float): add ->
-        its matmuls, computed as one GEMM `[x h] @ [W; U]` that accumulates both products in
-        the same registers, without building either concatenation."""
+    def _uses(self) -> dict:
+        """Operation node -> how many operations of the statement read it."""
         uses: dict = {}
         for op in self.ops:
             for a in op.inputs:
                 if isinstance(a, OpNode):
                     uses[a] = uses.get(a, 0) + 1
+        return uses
+
+    def _matmul_sums(self) -> dict:
+        """`x @ W + h @ U` (an add of two matmuls used nowhere else, same shape, float): add ->
+        its matmuls, computed as one GEMM `[x h] @ [W; U]` that accumulates both products in
+        the same registers, without building either concatenation."""
+        uses = self._uses()
         out = {}
         for op in self.ops:
             mms = [a for a in op.inputs if isinstance(a, OpNode) and a.op == "matmul"]
@@ -297,11 +302,7 @@ class StatementBody:
         right operand the batch's GEMM over all its rows does not take."""
         if not self.ACCUMULATE:
             return {}
-        uses: dict = {}
-        for op in self.ops:
-            for a in op.inputs:
-                if isinstance(a, OpNode):
-                    uses[a] = uses.get(a, 0) + 1
+        uses = self._uses()
         out = {}
         for op in self.ops:
             mms = [a for a in op.inputs if isinstance(a, OpNode) and a.op == "matmul"]
