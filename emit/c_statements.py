@@ -404,9 +404,10 @@ class StatementBody:
         """out[r, :] = sum of a[r, :] @ b over the (K, a_row, (b, panel)) `terms`, for r <
         nrows: a register-blocked micro-kernel (MR rows x NV vectors of L floats, `ft_vec`,
         accumulated over every term's K and stored once; self.kernel, chosen for the ISA:
-        emit/isa.py) when L divides Q, else plain loops. `a_row(r)` / `out_row(r)` are C pointers to row r; `b` points to
-        the right matrix, row-major (panel None) or packed in panels of `panel` columns. With
-        `init_row(r)`, out = that row + the products (the accumulators start from it)."""
+        emit/isa.py) when L divides Q, else plain loops. `a_row(r)` / `out_row(r)` are C
+        pointers to row r; `b` points to the right matrix, row-major (panel None) or packed in
+        panels of `panel` columns. With `init_row(r)`, out = that row + the products (the
+        accumulators start from it)."""
         MR, NV, L = self.kernel
         NV = NV if Q % (L * NV) == 0 else 1
         if Q % L or t != "float":
@@ -429,10 +430,12 @@ class StatementBody:
             rows += [cgen.Line(f"_a{k}[_i] = {a_row('_r')};") for k, (_, a_row, _) in enumerate(terms)]
             rows += [cgen.Line(f"_o[_i] = {out_row('_r')};")]
             rows += [cgen.Line(f"_x[_i] = {init_row('_r')};")] if init_row else []
-            start = [cgen.Line(f"ft_vec {', '.join(c for row in acc for c in row)};")] + [
-                cgen.Statement(f"memcpy(&{acc[i][v]}, _x[{i}] + _q0 + {L * v}, sizeof {acc[i][v]})")
-                for i in range(MR) for v in range(NV)] if init_row else \
-                [cgen.Line(f"ft_vec {', '.join(f'{c} = {{0}}' for row in acc for c in row)};")]
+            if init_row:  # the accumulators start from the tile's rows
+                start = [cgen.Line(f"ft_vec {', '.join(c for row in acc for c in row)};")] + [
+                    cgen.Statement(f"memcpy(&{acc[i][v]}, _x[{i}] + _q0 + {L * v}, sizeof {acc[i][v]})")
+                    for i in range(MR) for v in range(NV)]
+            else:
+                start = [cgen.Line(f"ft_vec {', '.join(f'{c} = {{0}}' for row in acc for c in row)};")]
             steps = []
             for k, (K, _, (b, panel)) in enumerate(terms):
                 assert panel in (None, L * NV)

@@ -147,8 +147,8 @@ class CTarget(Target):
         ast = build_ast(schedule.map, model.context)
         tiles = tiled_loops(etdg, ast, schedule.parallel, TILE, TILE_ROWS)
         local = local_batches(etdg, storage, ast, schedule.parallel, tiles, True)
-        level, isa = march(), current()
-        kernel = self.kernel or (*isa.kernel, isa.lanes)
+        level, spec = march(), current()
+        kernel = self.kernel or (*spec.kernel, spec.lanes)
         packs = packed_weights(model, kernel[2]) if self.pack else {}
         layout, params, namer, consts, ctx, buffer_ref = prepare(model, storage, local, scratch=True, packed=packs)
         called = StatementCalls("c")  # which statement variants the AST calls

@@ -11,10 +11,10 @@ instruction-set macros are part of the compile cache key (runtime_c.build).
 Micro-kernels (rows x vectors of accumulators, a vector holding `lanes` floats), in the style
 of BLIS: AVX-512 8 x 2 of 16 floats (16 of 32 zmm registers, the rest for the right matrix's
 row and the broadcast), AVX2 and AVX 6 x 2 of 8 (12 of 16 ymm, the 6 x 16 of BLIS and
-OpenBLAS), SSE2 4 x 2 of 4 (8 of 16 xmm: without FMA each product needs a register of its own
-before the add, and the broadcast takes a shuffle; 4 x 3 spills), NEON 8 x 2 of 4 (16 of 32 q registers), and a
-portable 4 x 2 of 4 where the compiler knows no vector unit (GCC lowers its vector types to
-whatever the target has).
+OpenBLAS), SSE2 4 x 2 of 4 (8 of 16 xmm: without FMA each product needs a register of its
+own before the add, and the broadcast takes a shuffle; 4 x 3 spills), NEON 8 x 2 of 4 (16 of
+32 q registers), and a portable 4 x 2 of 4 where the compiler knows no vector unit (GCC lowers
+its vector types to whatever the target has).
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ import functools
 import os
 import platform
 import re
+import shutil
 import subprocess
 from typing import NamedTuple
 
@@ -50,7 +51,6 @@ def march() -> str:
 
 
 def compiler(cc=None) -> str:
-    import shutil
     cc = cc or os.environ.get("CC", "cc")
     if shutil.which(cc) is None:
         raise CompileError(f"no C compiler {cc!r} on PATH (set CC)", op="compile")

@@ -339,7 +339,7 @@ def test_same_source_compiles_once(tmp_path, monkeypatch):
     assert_same(p2(XS, W), fn(XS, W))
     p3 = ft.compile(PROGRAMS["foldr"], *SPECS)  # another source
     assert len(calls) == 2
-    so = runtime_c.build(p1.source, runtime_c.FLAGS + ["-DPOLYFT_TEST_OTHER_FLAGS"])  # other flags
+    so = runtime_c.build(p1.source, runtime_c.compile_flags() + ["-DPOLYFT_TEST_OTHER_FLAGS"])  # other flags
     assert len(calls) == 3 and so != so_path(p1)
     assert len(calls) == 3  # (looking up the paths compiled nothing)
     assert sorted(os.listdir(tmp_path)) == sorted(os.path.basename(p) for p in {so_path(p1), so_path(p3), so})

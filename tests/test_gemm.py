@@ -25,7 +25,6 @@ import re
 import shutil
 import subprocess
 
-import numpy as np
 import pytest
 
 import polyft as ft
