@@ -52,6 +52,7 @@ class CudaStatementBody(StatementBody):
         self.precision = precision
         self.arena = Arena()  # owners: an OpNode's tile, or "tmp" for one operation's scratch
         self.declared: set = set()
+        self.staged: set = set()  # loads copied into shared memory for the whole statement (_stage)
 
     def _release(self, k: int):
         """After operation k and its barrier: free the temporaries and the tiles read last."""
@@ -185,10 +186,8 @@ class CudaStatementBody(StatementBody):
         rows = self.batch[1] * P
         a = f"v{a_op.id}"
         if a_op.op == "load":  # gather the instances' tiles into one
-            a = f"{a}_s"
-            self._tile(a, (rows, K), a_op.dtype)
-            self.lines.append(cgen.Statement(f"ft::gather_tiles<{ctype(a_op.dtype)}, {self.batch[1]}, {P * K}>"
-                                             f"({a}, v{a_op.id}, _nb)"))
+            a = self._stage(a_op, (rows, K), f"ft::gather_tiles<{ctype(a_op.dtype)}, {self.batch[1]}, {P * K}>"
+                                              f"({{}}, v{a_op.id}, _nb)")
         self._matmul(op, a, b, rows, K, sb[1])
         body, self.lines, self._in_batch = self.lines, outer, True
         return body
@@ -201,10 +200,21 @@ class CudaStatementBody(StatementBody):
         n = max(1, math.prod(shape))
         if (self.arena.size + n * 4) > SHARED_LIMIT // 2:
             return name, shape, dtype  # too big to stage: read it from global memory
+        return self._stage(a, shape, f"ft::load_tile({{}}, {name}, {n})"), shape, dtype
+
+    def _stage(self, a, shape, copy: str) -> str:
+        """The shared tile `v<a>_s` that the statement `copy` (its destination `{}`) fills
+        from the load `a`. Outside the per-instance loop it is filled once and kept until the
+        load's last reader has run, so two matmuls of one operand (`(x @ w1) * (x @ w2)`)
+        share it; inside, it is one instance's, filled for each."""
         staged = f"v{a.id}_s"
-        self._tile(staged, shape, dtype)
-        self.lines.append(cgen.Statement(f"ft::load_tile({staged}, {name}, {n})"))
-        return staged, shape, dtype
+        if a in self.staged and not (self._in_batch and a in self.batched):
+            return staged
+        self._tile(staged, shape, a.dtype, "tmp" if self._in_batch else a)
+        self.lines.append(cgen.Statement(copy.format(staged)))
+        if not self._in_batch:
+            self.staged.add(a)
+        return staged
 
     def _matmul(self, op, a, b, P, K, Q):
         """ft::gemm_tc on tensor cores where the precision and the shapes allow (P, Q multiples
