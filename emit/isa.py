@@ -24,10 +24,11 @@ import os
 import platform
 import re
 import shutil
-import subprocess
 from typing import NamedTuple
 
 from polyft.errors import CompileError
+
+from . import tool
 
 ENV = "POLYFT_MARCH"
 
@@ -69,7 +70,7 @@ def features(level: str | None = None, cc: str | None = None) -> frozenset:
         cc = compiler(cc)
     except CompileError:
         return frozenset()
-    r = subprocess.run([cc, f"-march={level}", "-dM", "-E", "-x", "c", os.devnull], capture_output=True, text=True)
+    r = tool.run([cc, f"-march={level}", "-dM", "-E", "-x", "c", os.devnull], where=cc)
     if r.returncode != 0 and level == "native":
         return frozenset()
     if r.returncode != 0:

@@ -5,7 +5,9 @@ compiler and flags. A cache outlives crashes, full disks and other processes, so
 is trusted: every object carries a checksum record and is verified before it is loaded (a
 truncated object mapped by the loader kills the process with SIGBUS instead of raising).
 Each object is written to a private temporary directory and published with one os.replace,
-so concurrent compiles of the same source never see a partial file."""
+so concurrent compiles of the same source never see a partial file; the directory is named by the
+builder's pid and host, so that one a killed compile left behind is deleted by the next compile
+(`clean_stale`). The compiler runs under a time limit (emit/tool.py, $POLYFT_CC_TIMEOUT)."""
 from __future__ import annotations
 
 import atexit
@@ -16,13 +18,15 @@ import hashlib
 import os
 import re
 import shutil
+import socket
 import struct
-import subprocess
 import tempfile
+import time
 import warnings
 
 from polyft.errors import CompileError, OutOfMemoryError
 
+from . import tool
 from .isa import compiler, features, march
 from .protocol import Runtime
 from .threads import ThreadChoice, brief_spin
@@ -78,7 +82,47 @@ def cache_dir() -> str:
 
 @functools.lru_cache(maxsize=None)
 def _version(cc) -> str:
-    return subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+    return tool.run([cc, "--version"], where=cc).stdout.split("\n")[0]
+
+
+STALE = 24 * 3600  # seconds after which any build directory is abandoned, whoever made it
+_HOST = socket.gethostname()
+
+
+def _builder(name: str):
+    """(pid, host) of the process that made the build directory `name`, or None (another scheme)."""
+    m = re.fullmatch(r"build-(\d+)@(.*)-\w+", name)
+    return (int(m.group(1)), m.group(2)) if m else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def clean_stale(d: str) -> list:
+    """Delete the build directories in the cache `d` that a killed compile left: made on this host
+    by a process that is gone, or older than STALE (another host's, or an older scheme's). The
+    ones removed."""
+    removed = []
+    now = time.time()
+    for entry in os.scandir(d):
+        if not entry.name.startswith("build-"):
+            continue
+        owner = _builder(entry.name)
+        try:
+            old = now - entry.stat(follow_symlinks=False).st_mtime > STALE
+        except FileNotFoundError:
+            continue  # its builder finished meanwhile
+        if old or owner is not None and owner[1] == _HOST and not _alive(owner[0]):
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(entry.name)
+    return removed
 
 
 def source_context(source: str, message: str, around: int = 3) -> str:
@@ -164,12 +208,13 @@ def build(source: str, flags=None, cc=None) -> str:
     if _intact(so):
         return so
     work = None
-    try:  # in a private directory: concurrent builds never touch each other's files
-        work = tempfile.mkdtemp(prefix="build-", dir=d)
+    try:  # in a private directory named by its builder: concurrent builds never touch each other's files
+        clean_stale(d)
+        work = tempfile.mkdtemp(prefix=f"build-{os.getpid()}@{_HOST}-", dir=d)
         src, out = os.path.join(work, "polyft.c"), os.path.join(work, "polyft.so")
         with open(src, "w") as f:
             f.write(source)
-        r = subprocess.run([cc, *flags, src, "-o", out, "-lm"], capture_output=True, text=True)
+        r = tool.run([cc, *flags, src, "-o", out, "-lm"])
         _check_output(cc, flags, r, out, source, src)
         with open(out, "rb+") as f:
             body = f.read()

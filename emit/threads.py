@@ -14,7 +14,19 @@ found again. The candidates' times are the median of their last KEEP calls; a pr
 replaces the probed candidate's. Results do not depend on the choice: threads split loops whose
 iterations write disjoint elements, each computed the same way.
 
-$POLYFT_THREADS fixes the count (nothing is measured).
+$POLYFT_THREADS fixes the count (nothing is measured); without it $OMP_NUM_THREADS does (its first
+entry, as OpenMP reads it), so `OMP_NUM_THREADS=1` means one thread; both must be positive integers
+(`SettingError` otherwise, when the program is compiled).
+
+Two things OpenMP does not survive are checked here, in Python, before a call starts its threads
+(libgomp's own answer to either is to hang or to exit the process with status 1):
+* a fork: the child of a process whose libgomp has started its thread pool inherits the pool's
+  state but not its threads, and its first parallel region waits for them forever. Calls in such a
+  child (a `multiprocessing.Pool` worker on Linux) run on one thread, which needs no pool.
+* threads that cannot be created (an address-space limit, a process near its thread limit): the
+  first time a Python thread asks for n threads, n - 1 Python threads are started at once, as
+  libgomp would; if that fails the call runs on one thread, with a warning. (libgomp keeps a pool
+  per calling thread, so each Python thread is checked for itself.)
 
 The OpenMP runtime's own waiting matters as much: libgomp's idle workers spin 300 000 times
 (milliseconds) before they sleep, so on a loaded machine a worker left spinning after a region
@@ -28,7 +40,11 @@ from __future__ import annotations
 import contextlib
 import os
 import statistics
+import threading
 import time
+import warnings
+
+from polyft.errors import SettingError
 
 SPIN_COUNT = 2000
 FIRST_INTERVAL = 2
@@ -58,6 +74,66 @@ def brief_spin():
         os.environ.pop("GOMP_SPINCOUNT", None)
 
 
+_pool = {"started": False, "forked": False}  # a pool of more than one thread in this process; inherited
+_checked = threading.local()  # .most / .failed: the largest count this Python thread could start / the least it could not
+
+
+def _after_fork_in_child():
+    _pool["forked"] = _pool["started"]
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def setting(environ=os.environ) -> int | None:
+    """The thread count the environment pins: $POLYFT_THREADS, else $OMP_NUM_THREADS; None if neither."""
+    for name in ("POLYFT_THREADS", "OMP_NUM_THREADS"):
+        text = environ.get(name, "").strip()
+        if not text:
+            continue
+        first = text.split(",")[0].strip() if name == "OMP_NUM_THREADS" else text  # OpenMP's list of levels
+        if not first.isdigit() or int(first) < 1:
+            raise SettingError(f"{name}={text!r} is not a positive integer thread count; set it to, e.g., "
+                               f"{cores()}, or unset it to let each program measure its count", op="threads",
+                               where=name)
+        return int(first)
+    return None
+
+
+def _startable(n: int) -> bool:
+    """Whether n - 1 threads can run at once beside this one (module docstring)."""
+    if n <= getattr(_checked, "most", 1):
+        return True
+    if n >= getattr(_checked, "failed", n + 1):  # warned once already
+        return False
+    done = threading.Event()
+    started = []
+    try:
+        for _ in range(n - 1):
+            started.append(threading.Thread(target=done.wait, daemon=True))
+            started[-1].start()
+    except RuntimeError as e:  # "can't start new thread"
+        _checked.failed = n
+        warnings.warn(f"polyft: cannot start {n} threads ({e}); this call runs on one thread", RuntimeWarning,
+                      stacklevel=4)
+        return False
+    finally:
+        done.set()
+        for t in started:
+            if t.ident is not None:
+                t.join()
+    _checked.most = n
+    return True
+
+
+def usable(n: int) -> int:
+    """`n`, or 1 where n threads would hang or kill the process (module docstring)."""
+    if n == 1 or _pool["forked"] or not _startable(n):
+        return 1
+    _pool["started"] = True
+    return n
+
+
 class _Lengths:
     """What has been measured at one set of lengths."""
 
@@ -76,21 +152,33 @@ class ThreadChoice:
     def __init__(self, set_threads, most: int | None = None, clock=time.perf_counter):
         self.set_threads = set_threads
         self.clock = clock
-        fixed = os.environ.get("POLYFT_THREADS")
-        self.fixed = int(fixed) if fixed else None
+        self.fixed = setting()
         most = most or cores()
         self.options = [1, most] if most > 1 else [1]
         self._seen = {}
         self.last = None  # the count of the latest call
 
+    @property
+    def fixed(self) -> int | None:
+        """The pinned count (None: measured)."""
+        return self._fixed
+
+    @fixed.setter
+    def fixed(self, n):
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise SettingError(f"a thread count must be a positive int or None (measured), got {n!r}",
+                               op="threads")
+        self._fixed = n
+
     def run(self, key, call):
         """`call()` on the count chosen for the lengths `key`; its time is recorded."""
-        n = self.fixed or self._pick(key)
+        want = self.fixed or self._pick(key)
+        n = usable(want)
         self.set_threads(n)
         self.last = n
         t0 = self.clock()
         out = call()
-        if self.fixed is None:
+        if self.fixed is None and n == want:
             self._record(key, n, self.clock() - t0)
         return out
 

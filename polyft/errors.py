@@ -129,6 +129,11 @@ class InputError(PolyftError):
     """Inputs at call time that do not match what a program was compiled for."""
 
 
+class SettingError(PolyftError):
+    """An environment variable or setting polyft reads (POLYFT_THREADS, OMP_NUM_THREADS,
+    POLYFT_CC_TIMEOUT, a thread count) with a value it cannot use."""
+
+
 class DeviceError(PolyftError):
     """No usable GPU, or a kernel launch that failed."""
 

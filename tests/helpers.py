@@ -51,14 +51,12 @@ def assert_same(got, expected):
 def compiler_calls(monkeypatch) -> list:
     """The compiler runs (not `cc --version`) made through emit.runtime_c from now on: a list
     that grows with the argument list of each."""
-    import subprocess
-
     from polyft.emit import runtime_c
-    calls, real = [], subprocess.run
+    calls, real = [], runtime_c.tool.run
 
     def spy(args, *a, **k):
         if "-o" in args:
             calls.append(args)
         return real(args, *a, **k)
-    monkeypatch.setattr(runtime_c.subprocess, "run", spy)
+    monkeypatch.setattr(runtime_c.tool, "run", spy)
     return calls

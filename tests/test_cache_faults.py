@@ -7,7 +7,9 @@
 * failed builds are never cached: a compiler that exits 0 without writing a shared object,
   and one that fails without a word, raise CompileError saying so;
 * a read-only or blocked cache directory falls back to a temporary one, with a warning;
-* a full disk raises CompileError naming the object, and leaves no temporary files.
+* a full disk raises CompileError naming the object, and leaves no temporary files;
+* a compiler that never returns is killed at $POLYFT_CC_TIMEOUT (CompileError naming it and the
+  limit); the build directory of a process SIGKILLed mid-compile is removed by the next compile.
 """
 from __future__ import annotations
 
@@ -16,17 +18,20 @@ import json
 import os
 import re
 import shutil
+import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
+import time
 
 import numpy as np
 import pytest
 
 import polyft as ft
 from polyft.emit import runtime_c
-from polyft.errors import CompileError
+from polyft.errors import CompileError, SettingError
 from polyft.testing import rel_error
 
 from helpers import compiler_calls
@@ -269,7 +274,7 @@ def test_full_disk_when_publishing(tmp_path, monkeypatch):
 def test_full_disk_while_compiling(tmp_path, monkeypatch):
     """The compiler has written its output when the disk fills up: nothing stays behind."""
     monkeypatch.setenv("POLYFT_CACHE", str(tmp_path))
-    real = subprocess.run
+    real = runtime_c.tool.run
 
     def compile_then_fill(args, *a, **k):
         r = real(args, *a, **k)
@@ -277,8 +282,96 @@ def test_full_disk_while_compiling(tmp_path, monkeypatch):
             assert os.path.getsize(args[args.index("-o") + 1]) > 0
             enospc()
         return r
-    monkeypatch.setattr(runtime_c.subprocess, "run", compile_then_fill)
+    monkeypatch.setattr(runtime_c.tool, "run", compile_then_fill)
     with pytest.raises(CompileError) as e:
         ft.compile(f, XS, W, target="c")
     assert str(tmp_path) in str(e.value) and "No space left on device" in str(e.value)
     assert os.listdir(tmp_path) == []
+
+
+# -- a compiler that never returns, a compile killed midway ------------------------------------
+def hanging_compiler(tmp_path, only_when_compiling=False) -> tuple:
+    """An executable that sleeps for 300 s (only when given -o, else it is `cc`), and the file its
+    pid goes to: a compiler that hangs, as a wedged wrapper or filesystem would make it."""
+    pidfile, path = tmp_path / "cc.pid", tmp_path / "hanging-cc"
+    guard = 'case " $* " in *" -o "*) ;; *) exec cc "$@";; esac\n' if only_when_compiling else ""
+    path.write_text(f'#!/bin/sh\n{guard}echo $$ > {pidfile}\nexec sleep 300\n')
+    path.chmod(0o755)
+    return str(path), pidfile
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("only_when_compiling", [False, True])  # hanging at `cc --version` too, or not
+def test_a_compiler_that_never_returns_is_killed_at_the_limit(tmp_path, monkeypatch, only_when_compiling):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setenv("POLYFT_CACHE", str(cache))
+    cc, pidfile = hanging_compiler(tmp_path, only_when_compiling)
+    monkeypatch.setenv("CC", cc)
+    monkeypatch.setenv("POLYFT_CC_TIMEOUT", "1.5")
+    t0 = time.monotonic()
+    with pytest.raises(CompileError) as e:
+        ft.compile(f, XS, W, target="c")
+    assert time.monotonic() - t0 < 30
+    msg = str(e.value)
+    assert cc in msg and "within 1.5 s" in msg and "POLYFT_CC_TIMEOUT" in msg, msg
+    assert gone(int(pidfile.read_text()))  # killed, not left running
+    assert os.listdir(cache) == []
+    monkeypatch.delenv("CC")
+    check_numbers(ft.compile(f, XS, W, target="c"))
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-3", "nan"])
+def test_a_bad_compiler_timeout_is_a_setting_error(monkeypatch, value):
+    monkeypatch.setenv("POLYFT_CC_TIMEOUT", value)
+    with pytest.raises(SettingError) as e:
+        runtime_c.build("int polyft_unused_%s;\n" % abs(hash(value)))
+    assert "POLYFT_CC_TIMEOUT" in str(e.value) and repr(value) in str(e.value)
+
+
+def test_the_build_directory_of_a_killed_compile_is_removed_by_the_next(tmp_path, monkeypatch):
+    """A process SIGKILLed while its compiler runs leaves its build directory; the next compile
+    (any source) deletes it, and leaves alone the one of a process still running."""
+    cache = tmp_path / "cache"
+    cc, pidfile = hanging_compiler(tmp_path, only_when_compiling=True)
+    env = {**os.environ, "POLYFT_CACHE": str(cache), "PYTHONPATH": ROOT, "CC": cc}
+    victim = subprocess.Popen([sys.executable, "-c", WORKER], env=env)
+    try:
+        for _ in range(600):
+            if pidfile.exists() and pidfile.read_text().strip():
+                break
+            time.sleep(0.1)
+        left = [n for n in os.listdir(cache) if n.startswith("build-")]
+        assert len(left) == 1 and f"build-{victim.pid}@" in left[0], left
+        victim.kill()
+        victim.wait()
+    finally:
+        victim.kill()
+        if pidfile.exists():
+            os.kill(int(pidfile.read_text()), 9)  # the orphaned compiler
+    alive = tempfile.mkdtemp(prefix=f"build-{os.getpid()}@{socket.gethostname()}-", dir=cache)
+    assert {n for n in os.listdir(cache) if n.startswith("build-")} == {left[0], os.path.basename(alive)}
+    monkeypatch.setenv("POLYFT_CACHE", str(cache))
+    runtime_c.build("int polyft_unused_after_kill;\n", ["-c", "-fPIC"])
+    assert [n for n in os.listdir(cache) if n.startswith("build-")] == [os.path.basename(alive)]
+    os.rmdir(alive)
+
+
+def test_build_directories_older_than_a_day_are_removed_whoever_made_them(tmp_path):
+    keep = tmp_path / "build-1@another-host-abcd1234"
+    old = [tmp_path / "build-1@another-host-old12345", tmp_path / "build-x3k9m2q1"]  # the older scheme
+    for d in [keep, *old]:
+        d.mkdir()
+        (d / "polyft.c").write_text("")
+    day_ago = time.time() - runtime_c.STALE - 60
+    for d in old:
+        os.utime(d, (day_ago, day_ago))
+    assert sorted(runtime_c.clean_stale(str(tmp_path))) == sorted(d.name for d in old)
+    assert os.listdir(tmp_path) == [keep.name]

@@ -15,15 +15,21 @@ from __future__ import annotations
 import os
 import random
 import re
+import subprocess
+import sys
+import textwrap
 import time
 
 import numpy as np
 import pytest
 
 import polyft as ft
+from polyft.errors import SettingError
 from polyft.testing import rel_error
 from polyft.emit import threads as T
 from polyft.workloads import WORKLOADS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class Clock:
@@ -50,6 +56,7 @@ class Clock:
 def measured(monkeypatch):
     """No pinned count unless a test sets one."""
     monkeypatch.delenv("POLYFT_THREADS", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
 
 
 def started(cost: dict, most: int, noise=None):
@@ -150,6 +157,31 @@ def test_polyft_threads_pins_the_count(monkeypatch):
     assert clock.counts == [3] * 5 and choice.best(()) is None
 
 
+def test_omp_num_threads_pins_the_count_below_polyft_threads(monkeypatch):
+    """$OMP_NUM_THREADS (its first level) pins the count as it would any OpenMP program's;
+    $POLYFT_THREADS, polyft's own, takes precedence over it."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1,4")
+    clock, choice = started({1: 0}, most=8)
+    assert runs(choice, clock, 4) == [1] * 4 and choice.best(()) is None
+    monkeypatch.setenv("POLYFT_THREADS", "2")
+    clock, choice = started({2: 0}, most=8)
+    assert runs(choice, clock, 4) == [2] * 4
+
+
+@pytest.mark.parametrize("name", ["POLYFT_THREADS", "OMP_NUM_THREADS"])
+@pytest.mark.parametrize("value", ["abc", "2.5", "-1", "0"])
+def test_a_thread_count_that_is_not_a_positive_int_is_a_setting_error(monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SettingError) as e:
+        T.ThreadChoice(lambda n: None, most=2)
+    assert f"{name}={value!r}" in str(e.value) and "positive integer" in str(e.value)
+    monkeypatch.delenv(name)
+    choice = T.ThreadChoice(lambda n: None, most=2)
+    for bad in (0, -1, 2.5, "2", True):
+        with pytest.raises(SettingError):
+            choice.fixed = bad
+
+
 def test_one_core_means_one_thread():
     clock, choice = started({1: 0}, most=1)
     runs(choice, clock, 4)
@@ -237,3 +269,66 @@ def test_only_a_tiled_loop_with_bounds_of_its_own_is_flattened():
         assert _tiled_inside(ast, inner, [True, True], {loop_key(inner): 16}) == flat
         assert not _tiled_inside(ast, inner, [True, True], {})  # not tiled
         assert not _tiled_inside(ast, inner, [True, False], {loop_key(inner): 16})  # not parallel
+
+
+# -- what OpenMP does not survive: a fork, threads that cannot start ---------------------------
+def rows(xs, w):
+    return xs.map(lambda x: ft.tanh(x @ w))
+
+
+ROWS_XS = ft.FractalTensor.from_numpy(np.random.default_rng(3).standard_normal((40, 4, 32)).astype(np.float32), 1)
+ROWS_W = np.random.default_rng(4).standard_normal((32, 32)).astype(np.float32) / 6
+FORKED = {}  # the program a forked worker finds in its copy of this module
+
+
+def forked_call(seed):
+    """In a forked worker: the parent's program on fresh inputs; its error and thread count."""
+    xs = ft.FractalTensor.from_numpy(np.random.default_rng(seed).standard_normal((40, 4, 32)).astype(np.float32), 1)
+    prog = FORKED["prog"]
+    return rel_error(prog(xs, ROWS_W), rows(xs, ROWS_W)), prog.threads.last
+
+
+def test_a_program_run_on_two_threads_works_in_a_forked_child():
+    """libgomp's pool does not survive a fork (the child's first parallel region waited forever):
+    a multiprocessing.Pool worker (fork, Linux's default) runs the parent's program on one thread.
+    The timeout makes a regression fail instead of hanging the suite."""
+    import multiprocessing
+    prog = FORKED["prog"] = ft.compile(rows, ROWS_XS, ROWS_W)
+    prog.threads.fixed = 2
+    for _ in range(3):
+        assert rel_error(prog(ROWS_XS, ROWS_W), rows(ROWS_XS, ROWS_W)) < 1e-5
+    assert prog.threads.last == 2
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        results = pool.map_async(forked_call, range(4)).get(timeout=120)
+    assert all(err < 1e-5 and n == 1 for err, n in results), results
+    assert prog(ROWS_XS, ROWS_W) is not None and prog.threads.last == 2  # the parent is unchanged
+
+
+def test_threads_that_cannot_start_fall_back_to_one_with_a_warning():
+    """Under an address-space limit that leaves no room for 16 thread stacks, libgomp exited the
+    process with status 1 ("Thread creation failed"); the call now runs on one thread, warns once,
+    and gives the right result. In a subprocess, since the old failure ends the process."""
+    script = textwrap.dedent("""
+        import re, resource, warnings, numpy as np
+        import polyft as ft
+        from polyft.testing import rel_error
+        def rows(xs, w):
+            return xs.map(lambda x: ft.tanh(x @ w))
+        xs = ft.FractalTensor.from_numpy(np.random.default_rng(3).standard_normal((40, 4, 32)).astype(np.float32), 1)
+        w = np.random.default_rng(4).standard_normal((32, 32)).astype(np.float32)
+        prog = ft.compile(rows, xs, w)
+        prog.threads.fixed = 16
+        vm = int(re.search(r"VmSize:\\s+(\\d+)", open("/proc/self/status").read()).group(1)) * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (vm + 20 * 2**20, resource.getrlimit(resource.RLIMIT_AS)[1]))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            errs = [rel_error(prog(xs, w), rows(xs, w)) for _ in range(3)]
+        print(max(errs), prog.threads.last, len(caught), caught[0].message if caught else "")
+    """)
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    env.pop("POLYFT_THREADS", None)
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    err, last, warned, message = r.stdout.split(maxsplit=3)
+    assert float(err) < 1e-5 and last == "1" and warned == "1", r.stdout
+    assert "cannot start 16 threads" in message
