@@ -671,9 +671,60 @@ def _finish(kind, model, deps, per, bs, hyperplanes=None) -> Schedule:
     check_legal(per, deps)
     if kind == "user":  # after check_legal: a violated dependence is the more telling error
         _check_injective(per, model.sizes)
+        if all(p in model.sizes for p in model.params):  # symbolic lengths: checked at each call's lengths
+            check_scan(model, per, model.sizes)
     parallel = parallel_dims(per, deps)
     steps = sequential_steps(model, per, parallel, deps)
     T = _statement_T(model, _band_T(bs)) if kind != "user" else {}
     space = isl.Space.params_alloc(model.context.get_ctx(), 0)
     return Schedule(kind, union_map(per.values(), space), per, T, bs, parallel, steps, hyperplanes or {},
                     model=model, deps=deps)
+
+
+# A user's schedule whose loops step over far more times than there are instances (a coefficient
+# like 10**12 * k spreads a statement's few instances over a huge range of one time dim, and the
+# generated loop visits every value in it) is rejected before it runs: it would run for hours.
+SCAN_RATIO = 1000  # loop iterations per instance beyond which a schedule is rejected ...
+SCAN_FLOOR = 10 ** 8  # ... when they are also this many (a fraction of a second of empty loops)
+
+
+def _widths(s: isl.Set) -> int:
+    """The iterations of a loop nest over the points of `s` (params fixed), each loop from the least
+    to the greatest value its dim takes under the outer dims' values (holes included): the product
+    over dims of the widest such range. Exact for a box; an upper bound that keeps holes visible."""
+    count = 1
+    for d in range(s.dim(isl.dim_type.set)):
+        prefix = s.project_out(isl.dim_type.set, d + 1, s.dim(isl.dim_type.set) - d - 1)
+        m = isl.Map.from_range(prefix).move_dims(isl.dim_type.in_, 0, isl.dim_type.out, 0, d)  # outer -> dim d
+        spread = m.reverse().apply_range(m).deltas()  # differences of two values under one prefix
+        widest = spread.lexmax()
+        if widest.is_empty():
+            return 0
+        count *= widest.sample_point().get_coordinate_val(isl.dim_type.set, 0).to_python() + 1
+    return count
+
+
+def scan_size(model, per: dict, sizes: dict) -> tuple:
+    """(about how many loop iterations the statements' time maps `per` take, how many the program's
+    own nests take: at least the instances), summed over the statements, for the lengths `sizes`
+    (every one given)."""
+    fixed = isl.Set(f"[{', '.join(sizes)}] -> {{ : {' and '.join(f'{p} = {v}' for p, v in sizes.items()) or 'true'} }}")
+    scanned = own = 0
+    for name, m in per.items():
+        dom = model.domains[name].intersect_params(fixed)
+        scanned += _widths(m.intersect_params(fixed).intersect_domain(dom).range())
+        own += _widths(dom)
+    return scanned, own
+
+
+def check_scan(model, per: dict, sizes: dict) -> None:
+    """ScheduleError when the loops of `per` run more than SCAN_RATIO times the iterations of the
+    program's own nests, and more than SCAN_FLOOR (module comment), with the counts."""
+    scanned, own = scan_size(model, per, sizes)
+    if scanned > SCAN_FLOOR and scanned > SCAN_RATIO * own:
+        at = ", ".join(f"{p} = {v}" for p, v in sizes.items())
+        raise ScheduleError(f"the schedule's loops would run about {scanned:.3g} iterations for {own} statement "
+                            f"instances{' at ' + at if at else ''}: almost all of them empty (a large coefficient "
+                            "spreads the instances over a range of times, and the loops visit every time in it); "
+                            "use coefficients that keep the times dense (0, 1, -1, or a tile's floor(k / s))",
+                            op="schedule")
