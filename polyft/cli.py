@@ -45,6 +45,8 @@ def cmd_inspect(args) -> int:
     mod = get(args.workload)
     specs = mod.specs(args.preset)
     sizes = _sizes(args.size)
+    if args.profile or args.target != "c":
+        return _profile(mod, args, specs, sizes)
     if args.schedule in ("auto", "original"):
         args.schedule = True  # the named schedules: both are printed
     if isinstance(args.schedule, str):
@@ -80,6 +82,22 @@ def cmd_inspect(args) -> int:
         picture.savefig(args.plot, dpi=100)
         print(f"\nwrote {args.plot}")
     return status
+
+
+def _profile(mod, args, specs, sizes) -> int:
+    """--target cuda --profile: the GPU profile (Program.gpu_profile) at the preset's lengths,
+    overridden by --size."""
+    if not (args.profile and args.target == "cuda"):
+        raise PolyftError("--profile and --target go together: `polyft inspect NAME --target cuda --profile` "
+                          "(the C target has no GPU profile)", op="inspect")
+    from polyft.experiments.deps_time import lengths
+    lengths = {**lengths(args.workload, args.preset), **sizes}
+    prog = analyze(mod.program, *specs, sizes=lengths)  # as compiled for these lengths: local buffers sized
+    profile = prog.gpu_profile(precision=args.precision)
+    print(f"{args.workload} ({args.preset}, {', '.join(f'{k}={v}' for k, v in lengths.items())}), CUDA target, "
+          f"precision {args.precision}:\n")
+    print(profile)
+    return 0
 
 
 def _picture(mod, specs, sizes):
@@ -212,6 +230,12 @@ def main(argv=None) -> int:
     p.add_argument("--storage", action="store_true",
                    help="print the storage mapping: live accesses, contraction, placement, bytes per buffer")
     p.add_argument("--size", metavar="N=2,L=4", help="fix symbolic lengths (concrete ISL strings)")
+    p.add_argument("--target", choices=["c", "cuda"], default="c", help="the target --profile describes")
+    p.add_argument("--profile", action="store_true",
+                   help="with --target cuda: the GPU profile at the preset's lengths (or --size): kernels with "
+                        "grids, shared memory, ptxas registers and spills, launches, where each buffer lives, "
+                        "global and DRAM bytes per call, a roofline time on an H100")
+    p.add_argument("--precision", default="fp32", help="matmul precision for --profile (fp32, tf32, fp16, bf16)")
     p.add_argument("--plot", metavar="FILE",
                    help="draw the schedule picture into FILE (.png): a band's instances, flow dependences and "
                         "sequential steps as written and auto, the wavefront's hyperplanes; lengths not in --size "

@@ -4,19 +4,23 @@ into that target's runtime (emit.targets). Nothing below imports this module; `p
 imports it when analyze/compile is first called, so `import polyft` stays light."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 
 from polyft.deps.analyze import analyze as dependences
-from polyft.deps.model import build, check_sizes
+from polyft.deps.model import build, check_addressable, check_sizes
 from polyft.emit.c_statements import native_dtype
 from polyft.emit.c_target import CTarget, packed_weights
+from polyft.emit.gpu_count import count as count_traffic
+from polyft.emit.gpu_profile import profile as gpu_profile
 from polyft.emit.targets import select
 from polyft.schedule.coarsen import coarsen as coarsen_etdg
 from polyft.schedule.schedule import make_schedule, schedule_kind
 from polyft.schedule.storage import Storage, extents, storage_mapping
 
-from .errors import InputError, PolyftError
+from .errors import InputError, OutOfMemoryError, PolyftError
 from .fractaltensor import FractalTensor
 from .interpret import assemble_outputs, bind_params
 from .tracing import trace
@@ -67,11 +71,11 @@ class Program:
         for s in self.storage.buffers.values():
             buf = s.buffer
             width = width_of[buf.name]
-            elem = int(np.prod(buf.element_shape, dtype=np.int64)) * native_dtype(buf.dtype).itemsize  # as stored
-            cells = int(np.prod(extents(s.cell_dims(width), env, buf.dims), dtype=np.int64)) * elem
+            elem = math.prod(buf.element_shape) * native_dtype(buf.dtype).itemsize  # as stored; exact ints
+            cells = math.prod(extents(s.cell_dims(width), env, buf.dims)) * elem
             mapping = s.mapping if width is None else s.local[width][1]
             rows.append(dict(buffer=buf.name, role=ROLES[buf.kind],
-                             full_bytes=int(np.prod(extents(buf.dims, env), dtype=np.int64)) * elem,
+                             full_bytes=math.prod(extents(buf.dims, env)) * elem,
                              allocated_bytes=0 if width else cells, local_bytes=cells if width else 0,
                              packed_bytes=cells if buf.name in self.packed else 0,
                              placement="local" if width else "global", region=region.get(buf.name, -1),
@@ -92,8 +96,35 @@ class Program:
         that matmuls share: emit.c_target.packed_weights)."""
         return frozenset(packed_weights(self.model))
 
+    def gpu_profile(self, sizes: dict | None = None, precision: str | None = None, **assumptions):
+        """The CUDA target's profile of this program at `sizes` (the lengths it was not built
+        with), checkable without a GPU (emit.gpu_profile.GpuProfile: `.kernels`, `.statements`,
+        `.buffers`, `.totals`, `.assumptions`): the module the "cuda" target generates, its
+        launches, ptxas' registers and spills, global bytes per call from the access relations,
+        a DRAM estimate and a roofline time. `assumptions` override the H100 SXM defaults
+        (emit.gpu_profile.H100, e.g. dram_bytes_per_s=2.0e12). `precision` of the matmuls
+        (default: the program's, else "fp32")."""
+        precision = precision or getattr(self, "precision", "fp32")
+        env = _lengths(self.model, sizes, op="gpu_profile")
+        return gpu_profile(self._cuda_module(precision), self.model, self.schedule, env, precision, **assumptions)
+
+    def _cuda_module(self, precision: str):
+        """The module the "cuda" target (a GPU's block size) generates for this program."""
+        target, _ = select("cuda", precision)
+        return target.generate(self.model, self.schedule, precision, self.storage)
+
     def __repr__(self):
         return f"<Program {self.etdg.signature()}, {self.schedule.kind} schedule>"
+
+    def __reduce__(self):
+        raise PolyftError(f"a {type(self).__name__} holds ISL objects and loaded native code, which cannot be pickled: "
+                          "send the function and its inputs or specs instead and call ft.compile / ft.analyze in "
+                          "the other process (the compile cache makes that quick), or use a fork-based "
+                          "multiprocessing.Pool, whose workers inherit the program", op="pickle")
+
+    def __deepcopy__(self, memo):
+        """The program itself: nothing in it changes once built (the thread count it measures aside)."""
+        return self
 
 
 class CompiledProgram(Program):
@@ -134,23 +165,61 @@ class CompiledProgram(Program):
         lengths; `.fixed = n` pins it, `.last` is the latest call's); None for other targets."""
         return getattr(self._run, "threads", None)
 
+    def _cuda_module(self, precision: str):
+        if self.target == "c":
+            raise PolyftError("gpu_profile() profiles the CUDA target; this program is compiled for the C target: "
+                              "compile it with target='cuda-emulated' (or profile ft.analyze(fn, ...))",
+                              op="gpu_profile")
+        if self.target == "cuda" and precision == self.precision:
+            return self.module
+        return super()._cuda_module(precision)
+
+    def emulated_traffic(self, *inputs) -> pd.DataFrame:
+        """The bytes this call moves to and from each buffer in global memory, counted by the
+        emulator as the generated code and the tile library issue every load and store
+        (emit.gpu_count; target "cuda-emulated" only): columns buffer, placement, read_bytes,
+        written_bytes; attrs["launches"] is the (kernel, gx, gy) of every launch."""
+        if self.target != "cuda-emulated":
+            raise PolyftError(f"emulated_traffic() runs the CUDA emulator; this program is compiled for target "
+                              f"{self.target!r}: compile it with target='cuda-emulated'", op="emulated_traffic")
+        values, storage = self._bind(inputs)
+        counts, launched = count_traffic(self.module, [storage[b] for b in self.layout.buffers], values)
+        out = pd.DataFrame([dict(buffer=b.name, placement="shared" if self.layout.batch(b) else "global",
+                                 read_bytes=r, written_bytes=w) for b, (r, w) in zip(self.layout.buffers, counts)])
+        out.attrs["launches"] = launched
+        return out
+
     @property
     def host_driver(self) -> str:
         """The CUDA targets' host driver (Python) launching the kernels."""
         return self.module.host
 
-    def __call__(self, *inputs):
-        values, storage = self._bind(inputs)
+    def __call__(self, *inputs, **named):
+        values, storage = self._bind(self._positional(inputs, named))
         arrays = [storage[b] for b in self.layout.buffers]
         self._run(arrays, values)
         return assemble_outputs(self.etdg, {b: a.astype(b.dtype) if a.dtype != b.dtype else a
                                             for b, a in storage.items()})
 
-    def bind(self, *inputs):
+    def bind(self, *inputs, **named):
         """For timing: a zero-argument callable that runs the program on these inputs with
         all buffers already in place (on the GPU for target "cuda"), and a fetch()."""
-        values, storage = self._bind(inputs)
+        values, storage = self._bind(self._positional(inputs, named))
         return self._run.bind([storage[b] for b in self.layout.buffers], values)
+
+    def _positional(self, inputs: tuple, named: dict) -> tuple:
+        """The inputs in order, keyword arguments placed by the traced function's parameter names."""
+        if not named:
+            return inputs
+        names = [n for n, _ in self.etdg.inputs]
+        wrong = [k for k in named if k not in names or k in names[:len(inputs)]]
+        missing = [n for n in names[len(inputs):] if n not in named]
+        if wrong or missing:
+            problems = ([f"unknown or given twice: {', '.join(wrong)}"] if wrong else []) + \
+                ([f"missing: {', '.join(missing)}"] if missing else [])
+            raise InputError(f"the program takes ({', '.join(names)}); got {len(inputs)} positional inputs and the "
+                             f"keywords {', '.join(named)}: {'; '.join(problems)}", op="call")
+        return tuple(inputs) + tuple(named[n] for n in names[len(inputs):])
 
     def _bind(self, inputs):
         """Check the inputs and the captured constants (before any native code runs) and
@@ -169,6 +238,7 @@ class CompiledProgram(Program):
             if params.get(p, v) != v:
                 raise InputError(f"compiled for {p} = {v}, called with {p} = {params[p]}", op="call")
         params = {**self.model.sizes, **params}
+        check_addressable(self.etdg.buffers, params, InputError, "call")
         storage = {}
         for (name, buf), arg in zip(self.etdg.inputs, inputs):
             if buf is None:
@@ -182,8 +252,18 @@ class CompiledProgram(Program):
                 if b.kind in ("const", "index"):
                     storage[b] = np.ascontiguousarray(b.value, dtype=native_dtype(b.dtype))
                 else:
-                    storage[b] = np.empty(self.layout.shape(b, params), dtype=native_dtype(b.dtype))
+                    storage[b] = _allocate(b, self.layout.shape(b, params))
         return params, storage
+
+
+def _allocate(b, shape) -> np.ndarray:
+    """The array for buffer `b`; OutOfMemoryError naming it when numpy cannot allocate it."""
+    try:
+        return np.empty(shape, dtype=native_dtype(b.dtype))
+    except MemoryError:
+        size = math.prod(shape) * native_dtype(b.dtype).itemsize
+        raise OutOfMemoryError(f"cannot allocate buffer {b.name} {list(shape)} {b.dtype} ({size / 2**30:.3g} GiB) for "
+                               "this call: use smaller lengths", op="call") from None
 
 
 def analyze(fn, *inputs_or_specs, schedule="auto", sizes=None, coarsen=None) -> Program:
@@ -211,11 +291,17 @@ def compile(fn, *inputs_or_specs, target="c", schedule="auto", sizes=None, coars
 ROLES = {"input": "input", "output": "output", "intermediate": "intermediate", "const": "const", "index": "const"}
 
 
-def _lengths(model, sizes) -> dict:
+def _lengths(model, sizes, op: str = "memory") -> dict:
     """The model's lengths with `sizes` for those it was built without, checked."""
-    env = {**model.sizes, **check_sizes(sizes, model.params, op="memory")}
+    given = check_sizes(sizes, model.params, op=op)
+    fixed = {p: (v, model.sizes[p]) for p, v in given.items() if model.sizes.get(p, v) != v}
+    if fixed:
+        raise PolyftError(f"the program was built for {', '.join(f'{p} = {b}' for p, (_, b) in fixed.items())}, "
+                          f"not {', '.join(f'{p} = {v}' for p, (v, _) in fixed.items())}: build it with symbolic "
+                          "lengths (ft.spec) to choose them here", op=op)
+    env = {**model.sizes, **given}
     missing = [p for p in model.params if p not in env]
     if missing:
-        raise PolyftError(f"memory() needs sizes for the lengths {missing} (e.g. sizes={{'{missing[0]}': 8}})",
-                          op="memory")
+        raise PolyftError(f"{op}() needs sizes for the lengths {missing} (e.g. sizes={{'{missing[0]}': 8}})",
+                          op=op)
     return env
