@@ -8,6 +8,7 @@ element level (schedule/coarsen). Gathers are may-accesses over the whole gather
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -78,6 +79,22 @@ def check_sizes(sizes, params, op: str = "sizes") -> dict:
     return {k: int(v) for k, v in sizes.items()}
 
 
+def check_addressable(buffers, lengths: dict, error=SpecError, op: str = "sizes") -> None:
+    """Every buffer's bytes at `lengths` (Python ints, exact) within MAX_LENGTH: the generated code
+    computes its offsets, strides and loop bounds in C longs, which would wrap past it. `error`:
+    SpecError for sizes= given at compile time, InputError for a call's inputs."""
+    for b in buffers:
+        if not all(d.params <= lengths.keys() for d in b.dims):
+            continue
+        count = math.prod(d.evaluate(lengths) for d in b.dims) * math.prod(b.element_shape)
+        size = count * np.dtype(b.dtype).itemsize
+        if size > MAX_LENGTH:
+            at = ", ".join(f"{p} = {v}" for p, v in lengths.items())
+            raise error(f"buffer {b.name} {b.type} would hold {count} elements, {size} bytes (~2**{size.bit_length() - 1}) "
+                        f"at {at}: past 2**63, beyond the 64-bit offsets the generated code computes with; use smaller "
+                        "lengths", op=op)
+
+
 def build(etdg: ETDG, sizes: dict | None = None) -> PolyModel:
     """The polyhedral model of `etdg`; `sizes` fixes parameters (a context, not a rewrite)."""
     params = etdg.params
@@ -94,6 +111,7 @@ def build(etdg: ETDG, sizes: dict | None = None) -> PolyModel:
     if context.is_empty():
         raise LengthMismatchError(f"no lengths satisfy the sizes {sizes} and the trace's assumptions "
                                   f"{[str(a) for a in etdg.assumptions]}", op="model")
+    check_addressable(etdg.buffers, sizes)
     namer = Namer(params)
     width = max((len(st.position) for st in etdg.statements), default=0)
     domains, accesses, times = {}, [], []

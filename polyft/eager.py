@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import errors, pytree
-from .errors import EmptyReduceError, ReturnTypeError, StateTypeError
+from .errors import EmptyReduceError, InPlaceError, ReturnTypeError, StateTypeError
 from .fractaltensor import FractalTensor, ListBase, Zip, check_lists, check_same_length, unzip
 from .types import DTYPES, FTType
 
@@ -80,11 +80,22 @@ def _aggregate(op: str, f, xs, init):
 
 
 def _call(op: str, f, args: tuple):
-    """Call the user function; a numpy error inside it is reported at the user's line."""
+    """Call the user function on its own copies of the tensor elements (`x += 1` inside it changes
+    its x only, never the caller's list, as when traced); a numpy error inside it is reported at
+    the user's line."""
+    args = tuple(pytree.map(_own_copy, a) for a in args)
     try:
         return unzip(f(*args))
     except (ValueError, IndexError) as exc:
+        if "read-only" in str(exc):  # a write into an element of a list passed whole (depth > 1)
+            raise InPlaceError(f"the user function writes into an element of a list ({exc}): a program never "
+                               "changes its inputs; build a new value (x = x + 1, ft.concat, ft.where) instead",
+                               op=op, where=errors.user_location(exc.__traceback__)) from None
         raise errors.reraise_from_user_code(op, exc) from exc
+
+
+def _own_copy(x):
+    return x.copy() if isinstance(x, np.ndarray) else x
 
 
 # -- values: types, descriptions, assembly ---------------------------------------------------

@@ -12,7 +12,7 @@ import numpy as np
 from . import tracing
 from .errors import DepthError
 from .fractaltensor import FractalTensor, ListBase, check_dtype, is_traced
-from .primitives import PRIMITIVES
+from .primitives import PRIMITIVES, permutation
 
 
 def _bind(name: str, args: tuple, attrs: dict):
@@ -91,9 +91,17 @@ def matmul(a, b):
     return _bind("matmul", (a, b), {})
 
 
-def transpose(x):
-    """Swap the last two axes: numpy's `x.T` of a 2-D tile (as the tracer and the kernels do)."""
-    return _bind("transpose", (x,), {})
+def transpose(x, axes=None):
+    """Without axes, swap the last two axes (each 2-D tile of x transposed; numpy's `x.T` for a 2-D
+    x); with axes, numpy's `np.transpose(x, axes)`, which compiled code supports where it only swaps
+    the last two (tracing.permute: a ShapeError otherwise). `x.T` is numpy's: every axis reversed."""
+    if axes is None:
+        return _bind("transpose", (x,), {})
+    if isinstance(x, tracing.Value):
+        return x.transpose(axes)
+    if isinstance(x, ListBase):
+        return _bind("transpose", (x,), {})  # the depth error
+    return np.transpose(x, permutation("transpose", np.shape(x), axes))
 
 
 # -- constants -----------------------------------------------------------------------------

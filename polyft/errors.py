@@ -109,6 +109,11 @@ class RaggedError(PolyftError):
     """A ragged list where a regular one is needed (to_numpy, tracing)."""
 
 
+class InPlaceError(PolyftError):
+    """An element changed in place (`x[:, 0] = 0` on a traced value, a write into a list's element):
+    programs are functional, so a new value is built instead."""
+
+
 class AccessError(PolyftError):
     """An access that is neither quasi-affine nor a declared gather."""
 
@@ -132,6 +137,11 @@ class InputError(PolyftError):
 class SettingError(PolyftError):
     """An environment variable or setting polyft reads (POLYFT_THREADS, OMP_NUM_THREADS,
     POLYFT_CC_TIMEOUT, a thread count) with a value it cannot use."""
+
+
+class InputDepthError(DepthError, InputError):
+    """A call-time input list of another depth than compiled for: the DepthError an operator raises
+    for it eagerly, and an InputError like every other mismatched input."""
 
 
 class DeviceError(PolyftError):

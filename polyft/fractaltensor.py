@@ -184,8 +184,9 @@ class FractalTensor(ListBase):
     # -- construction --------------------------------------------------------------------
     @classmethod
     def from_numpy(cls, arr, depth: int) -> "FractalTensor":
-        """View the leading `depth` axes of arr as programmable; elements are views into arr."""
-        arr = np.asarray(arr)
+        """View the leading `depth` axes of arr as programmable; elements are read-only views into arr
+        (a program never changes its inputs)."""
+        arr = _read_only(np.asarray(arr))
         if not 1 <= depth <= arr.ndim:
             raise DepthError(f"cannot view an array of shape {list(arr.shape)} as a list of depth "
                              f"{depth} (need 1 <= depth <= {arr.ndim})", op="from_numpy")
@@ -414,13 +415,20 @@ def _nest_depth(node) -> tuple[int, bool]:
     return depth + 1, True
 
 
+def _read_only(arr: np.ndarray) -> np.ndarray:
+    """A view of `arr` that cannot be written through (arr itself stays as writable as it was)."""
+    view = arr.view()
+    view.flags.writeable = False
+    return view
+
+
 def _convert_leaves(node, depth, dtype, signatures):
     """The nest with tensor leaves as arrays; collects each leaf's (shape, dtype)."""
     if isinstance(node, FractalTensor):
         signatures.add((node.element_shape, node.dtype))
         return node
     if depth == 0:
-        arr = np.asarray(node, dtype=dtype)
+        arr = _read_only(np.asarray(node, dtype=dtype))
         signatures.add((arr.shape, check_dtype(arr.dtype, "from_list")))
         return arr
     if not isinstance(node, (list, tuple)):

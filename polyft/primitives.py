@@ -133,6 +133,18 @@ PRIMITIVES = {p.name: p for p in (
 )}
 
 
+def permutation(name: str, shape: tuple, axes) -> tuple:
+    """numpy's order of axes for a transpose of a `shape` tensor (axes None: all reversed, as `x.T`),
+    checked to be a permutation."""
+    if axes is None:
+        return tuple(range(len(shape)))[::-1]
+    perm = tuple(normalize_axis(name, shape, a)[0] for a in axes)
+    if sorted(perm) != list(range(len(shape))):
+        raise ShapeError(f"axes {list(axes)} are not a permutation of the {len(shape)} axes of a {fmt_shape(shape)} "
+                         "tensor", op=name)
+    return perm
+
+
 def getitem_axes(key, shape) -> list | None:
     """How a static `x[key]` (ints and slices) reads x of `shape`: per axis of x, `(start, step,
     out_axis)`, x's coordinate being `start + step * out[out_axis]`; an int has step 0 and

@@ -21,14 +21,14 @@ import numpy as np
 
 from . import errors, pytree
 from .affine import Aff, Constraint, IterDim, Length, eq, ge
-from .errors import (AccessError, DepthError, EmptyReduceError, IndexRangeError, LengthMismatchError,
+from .errors import (AccessError, DepthError, EmptyReduceError, IndexRangeError, InPlaceError, LengthMismatchError,
                      RaggedError, ReturnTypeError, StateTypeError, TracerControlFlowError, WindowError)
 from .etdg import (ETDG, Assumption, BlockNode, Buffer, Captured, Gather, OpNode, Piece, digest, drop_dead_ops,
                    merge_perfect_nests, referenced, walk)
 from .fractaltensor import (FractalTensor, ListBase, Zip, describe_operand, gather_indices, unzip,
                            window_args)
-from .primitives import PRIMITIVES
-from .types import Spec
+from .primitives import PRIMITIVES, permutation
+from .types import DTYPES, Spec
 
 _DIM_LETTERS = "ijklmnpqrsuvw"
 _RIGHT = ("foldr", "scanr")
@@ -109,7 +109,13 @@ class Value:
 
     @property
     def T(self):
-        return apply_op("transpose", (self,), {})
+        """numpy's `x.T`: every axis reversed (as the numpy element eagerly)."""
+        return permute(self, permutation("x.T", self.shape, None), "x.T")
+
+    def transpose(self, *axes):
+        """numpy's `x.transpose(*axes)`; no axes: every axis reversed."""
+        axes = axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes
+        return permute(self, permutation("transpose", self.shape, axes or None), "transpose")
 
     def __repr__(self):
         return f"Value({self.dtype}{list(self.shape)})"
@@ -136,6 +142,11 @@ class Value:
 
     def __getitem__(self, key):
         return apply_op("getitem", (self,), {"key": key})
+
+    def __setitem__(self, key, value):
+        raise InPlaceError(f"`x[{_key_text(key)}] = ...` changes a traced {self.dtype}{list(self.shape)} value in place; "
+                           "programs are functional: build the new value instead (ft.concat of slices, or "
+                           "x * mask + value * (1 - mask) with a constant mask)", op="setitem")
 
     def _no_control_flow(self, *_):
         raise TracerControlFlowError(
@@ -215,6 +226,29 @@ def _numpy_error(func: str, value: Value, how: str = "") -> TracerControlFlowErr
                                   f"are known only when the program runs; use {hint} instead", op=f"np.{func}")
 
 
+def _key_text(key) -> str:
+    """`:, 0:2` for the key (slice(None), slice(0, 2))."""
+    def one(k):
+        if isinstance(k, slice):
+            return ":".join("" if v is None else str(v) for v in (k.start, k.stop)) + \
+                (f":{k.step}" if k.step is not None else "")
+        return "..." if k is Ellipsis else str(k)
+    return ", ".join(one(k) for k in (key if isinstance(key, tuple) else (key,)))
+
+
+def permute(x: Value, perm: tuple, op: str) -> Value:
+    """`x` with its axes in the order `perm`. Compiled code swaps the last two axes (batched 2-D
+    transposes) and nothing else: any other order is a ShapeError, not some other transpose."""
+    n = len(perm)
+    if perm == tuple(range(n)):
+        return x
+    if perm == tuple(range(n - 2)) + (n - 1, n - 2):
+        return apply_op("transpose", (x,), {})
+    raise errors.ShapeError(f"orders the axes of a {x.dtype}{list(x.shape)} element as {list(perm)} (numpy's meaning"
+                            f"{', every axis reversed' if op == 'x.T' else ''}); compiled code permutes the last "
+                            "two axes only: write ft.transpose(x) to swap those (each 2-D tile transposed)", op=op)
+
+
 def _dummy(shape, dtype):
     return np.ones(shape, dtype=dtype)
 
@@ -282,12 +316,20 @@ def _const_value(x, op="trace") -> Value:
         arr = np.asarray(x) if isinstance(x, np.generic) else np.asarray(x, dtype=np.float32)
         return Value((), arr.dtype.name, const=arr)
     if isinstance(x, np.ndarray):
+        _traceable_dtype(x, f"the captured array {x.dtype}{list(x.shape)}")
         _state().capture(x)
         return Value(x.shape, x.dtype.name, const=x)
     if isinstance(x, ListBase):
         raise DepthError(f"works on tensors, not on {describe_operand(x)}; apply it to each element with map",
                          op=op)
     raise ReturnTypeError(f"expected a tensor, got {type(x).__name__}", op=op)
+
+
+def _traceable_dtype(a: np.ndarray, what: str) -> None:
+    """A DTypeError for an array whose dtype generated code has no type for (bool, uint8, complex...)."""
+    if a.dtype.name not in DTYPES:
+        raise errors.DTypeError(f"{what} is {a.dtype.name}, which compiled code does not compute with; convert it "
+                                f"with .astype(np.float32) (or another of {', '.join(DTYPES)})", op="trace")
 
 
 def _use(v: Value):
@@ -895,6 +937,7 @@ def _input(st, name, arg):
                               "rectangular: pad it, or run eagerly", op="trace")
         b = Buffer(name, list(arg.ftype.lengths), arg.element_shape, arg.dtype, "input")
     elif isinstance(arg, np.ndarray):
+        _traceable_dtype(arg, f"input {name}")
         b = Buffer(name, [], arg.shape, arg.dtype.name, "input")
     else:
         return None, arg

@@ -5,17 +5,21 @@ semantics that hold (inputs never modified, `x.T` one meaning), and the unclear 
 test_cache_faults.py."""
 from __future__ import annotations
 
+import pathlib
+
 import numpy as np
 import pytest
+from helpers import assert_same, flist, rand
 
 import polyft as ft
-from polyft.errors import ScheduleError
+from polyft.errors import DepthError, InPlaceError, InputError, ScheduleError, ShapeError, SpecError
 from polyft.schedule.schedule import SCAN_FLOOR, scan_size
 from polyft.testing import rel_error
 from polyft.workloads import stacked_rnn
 
 pytestmark = pytest.mark.usefixtures("compile_cache")  # conftest.py: a temporary POLYFT_CACHE
 
+SOURCE = pathlib.Path(__file__).read_text().splitlines()
 SMALL = {"N": 2, "D": 3, "L": 5}  # stacked_rnn's "small" preset
 SPREAD = "{ S_b0[i, j, k] -> [i, %d * k + j, 0] }"  # legal: k's steps keep their order
 
@@ -46,3 +50,174 @@ def test_the_scan_count_is_exact_for_boxes_and_spread_schedules():
     assert scan_size(prog.model, prog.schedule.per_statement, prog.model.sizes) == (2 * (4 * 10 ** 6 + 3), 30)
     assert 2 * (4 * 10 ** 6 + 3) < SCAN_FLOOR
     assert rel_error(prog(*args), stacked_rnn.program(*args)) < 1e-5
+
+
+def at_line(err, tag):
+    """`err.where` is the line of this file tagged `# <tag>`."""
+    lines = [n for n, text in enumerate(SOURCE, 1) if text.rstrip().endswith(f"# {tag}")]
+    assert len(lines) == 1 and err.where and err.where.startswith(f"test_reliability.py:{lines[0]}: "), err.where
+
+
+# -- a list of another depth, the same numbers -------------------------------------------------------
+def tanh_rows(xs):
+    return xs.map(lambda x: ft.tanh(x))
+
+
+@pytest.mark.parametrize("depth", [2, 3])
+def test_a_list_of_another_depth_is_a_depth_error_compiled_as_eagerly(depth):
+    """`from_numpy(a, depth=2)` of the [L, 1, 8] array a has a [L, 1] list of float32[8]: eagerly
+    tanh refuses its list elements; compiled, it ran on the same bytes and returned a result."""
+    a = rand((4, 1, 8), 0)
+    prog = ft.compile(tanh_rows, ft.spec("[L]float32[1, 8]"))
+    other = ft.FractalTensor.from_numpy(a if depth == 2 else a.reshape(4, 1, 1, 8), depth)
+    with pytest.raises(DepthError):
+        tanh_rows(other)
+    with pytest.raises(DepthError) as e:
+        prog(other)  # depth-call
+    at_line(e.value, "depth-call")
+    assert "[L]float32[1, 8]" in str(e.value) and other.type_string in str(e.value) and "depth=1" in str(e.value)
+    xs = ft.FractalTensor.from_numpy(a, 1)
+    assert_same(prog(xs), tanh_rows(xs))
+
+
+# -- sizes past int64 ----------------------------------------------------------------------------------
+def outer(xss):
+    return xss.map(lambda xs: xs.map(lambda x: ft.tanh(x)))
+
+
+def test_memory_counts_bytes_exactly_past_int64():
+    """memory() multiplied in int64 and wrapped to negative byte counts; it counts in Python ints."""
+    prog = ft.analyze(tanh_rows, ft.spec("[N]float32[1, 8]"))
+    mem = prog.memory({"N": 2 ** 62}).set_index("buffer")
+    assert mem.loc["xs", "full_bytes"] == 2 ** 62 * 32 and mem.loc["out", "allocated_bytes"] == 2 ** 62 * 32
+    prog = ft.analyze(outer, ft.spec("[N, M]float32[1, 8]"))
+    assert prog.memory({"N": 2 ** 40, "M": 2 ** 40}).set_index("buffer").loc["xss", "full_bytes"] == 2 ** 85
+
+
+def test_sizes_whose_buffers_pass_int64_are_a_spec_error():
+    """The generated code's offsets are C longs: a buffer of more than 2**63 bytes cannot be indexed."""
+    with pytest.raises(SpecError) as e:
+        ft.analyze(outer, ft.spec("[N, M]float32[1, 8]"), sizes={"N": 2 ** 30, "M": 2 ** 30})
+    assert "buffer xss" in str(e.value) and str(2 ** 60 * 8) in str(e.value) and "2**63" in str(e.value)
+    ft.analyze(outer, ft.spec("[N, M]float32[1, 8]"), sizes={"N": 2 ** 20, "M": 2 ** 20})  # 2**45 bytes: fine
+
+
+def test_a_call_whose_buffers_pass_int64_is_an_input_error_before_any_copy():
+    """Each row of a [2**42] list of float32[1, 1] (a broadcast view: no memory behind it) widened to
+    2**20 columns: the output would be 2**64 bytes. Refused before the call copies or allocates."""
+    wide = np.ones((1, 2 ** 20), np.float32)
+    prog = ft.compile(lambda xs: xs.map(lambda x: x * wide), ft.spec("[N]float32[1, 1]"))
+    huge = np.broadcast_to(np.zeros((1, 1, 1), np.float32), (2 ** 42, 1, 1))
+    with pytest.raises(InputError) as e:
+        prog(huge)
+    assert "buffer out" in str(e.value) and f"N = {2 ** 42}" in str(e.value) and "2**64" in str(e.value)
+
+
+# -- x.T and transpose(axes) -----------------------------------------------------------------------------
+def test_x_T_is_numpys_every_axis_reversed_and_compiled_code_refuses_what_it_cannot_do():
+    """Eagerly `x.T` of a [5, 3, 2] element is numpy's [2, 3, 5]; compiled code swapped the last two
+    ([5, 2, 3]) without a word. Now the traced `x.T` means numpy's too, and compiled code, which
+    swaps the last two axes only, says so; on 2-D and 1-D elements both agree."""
+    xs = flist([2], (5, 3, 2), 0)
+    assert tanh_rows(xs).map(lambda x: x.T).element_shape == (2, 3, 5)
+    with pytest.raises(ShapeError) as e:
+        ft.compile(lambda xs: xs.map(lambda x: x.T), xs)  # T-3d
+    at_line(e.value, "T-3d")
+    assert e.value.op == "x.T" and "[2, 1, 0]" in str(e.value) and "ft.transpose(x)" in str(e.value)
+    for shape in [(3, 4), (4,)]:
+        ys = flist([3], shape, 1)
+
+        def f(ys):
+            return ys.map(lambda y: y.T * 2.0)
+        assert_same(ft.compile(f, ys)(ys), f(ys))
+
+
+@pytest.mark.parametrize("how", ["ft.transpose(x)", "ft.transpose(x, (0, 2, 1))", "x.transpose(0, 2, 1)",
+                                 "x.transpose((0, 2, 1))", "ft.transpose(x, (-3, -1, -2))"])
+def test_a_transpose_of_the_last_two_axes_compiles_and_equals_eager(how):
+    xs = flist([3], (2, 4, 3), 2)
+
+    def f(xs):
+        return xs.map(lambda x: eval(how, {"ft": ft, "x": x}) + 1.0)
+    assert f(xs).element_shape == (2, 3, 4)
+    assert_same(ft.compile(f, xs)(xs), f(xs))
+
+
+def test_transpose_with_other_axes_is_numpys_eagerly_and_a_shape_error_compiled():
+    xs = flist([3], (2, 4, 3), 3)
+
+    def f(xs):
+        return xs.map(lambda x: ft.transpose(x, (1, 0, 2)))  # permute-here
+    assert np.array_equal(f(xs).to_numpy(), xs.to_numpy().transpose(0, 2, 1, 3))
+    with pytest.raises(ShapeError) as e:
+        ft.compile(f, xs)
+    at_line(e.value, "permute-here")
+    assert "[1, 0, 2]" in str(e.value)
+    with pytest.raises(ShapeError, match="not a permutation"):
+        ft.transpose(rand((2, 3), 0), (0, 0))
+
+
+# -- programs are functional: inputs never change ----------------------------------------------------
+def add_in_place(xs):
+    def f(x):
+        x += 1.0
+        return x
+    return xs.map(f)
+
+
+def accumulate_in_place(xs):
+    def step(s, x):
+        s += x  # the state, in place
+        return s
+    return xs.scanl(step)
+
+
+@pytest.mark.parametrize("fn", [add_in_place, accumulate_in_place])
+def test_in_place_arithmetic_changes_the_functions_own_value_only(fn):
+    """Eagerly `x += 1` changed the caller's list (and its array), so a second call disagreed with
+    the first; a user function now gets its own copy of each element, so it means `x = x + 1`,
+    as it always did when traced."""
+    a = rand((5, 2, 3), 4)
+    keep = a.copy()
+    xs = ft.FractalTensor.from_numpy(a, 1)
+    first, second = fn(xs), fn(xs)
+    assert np.array_equal(a, keep) and np.array_equal(xs.to_numpy(), keep)
+    assert np.array_equal(first.to_numpy(), second.to_numpy())
+    expected = keep + 1.0 if fn is add_in_place else np.cumsum(keep, axis=0)
+    assert np.allclose(first.to_numpy(), expected)
+    assert_same(ft.compile(fn, xs)(xs), first)
+
+
+def zero_two_columns(xs):
+    def f(x):
+        x[:, 0:2] = 0.0  # setitem-here
+        return x
+    return xs.map(f)
+
+
+def test_item_assignment_on_a_traced_value_is_an_in_place_error():
+    """It was a raw TypeError; eagerly it changes the function's own copy."""
+    xs = flist([3], (2, 4), 5)
+    with pytest.raises(InPlaceError) as e:
+        ft.compile(zero_two_columns, xs)
+    at_line(e.value, "setitem-here")
+    assert "`x[:, 0:2] = ...`" in str(e.value) and "float32[2, 4]" in str(e.value)
+    before = xs.to_numpy()
+    assert np.array_equal(zero_two_columns(xs).to_numpy()[:, :, :2], np.zeros((3, 2, 2)))
+    assert np.array_equal(xs.to_numpy(), before)
+
+
+def test_a_write_into_a_lists_element_is_an_in_place_error():
+    """A list's elements are read-only views: a function given a whole inner list cannot write
+    into it (eagerly; traced, lists have no item assignment at all)."""
+    xss = flist([2, 3], (2, 2), 6)
+
+    def f(xs):
+        xs[0][0, 0] = 1.0  # list-write-here
+        return xs
+
+    with pytest.raises(InPlaceError) as e:
+        xss.map(f)
+    at_line(e.value, "list-write-here")
+    with pytest.raises(ValueError, match="read-only"):
+        xss[0][0][0, 0] = 1.0  # and outside a program, numpy's own error
