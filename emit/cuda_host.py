@@ -1,114 +1,317 @@
-"""The CUDA target's host side: the schedule's ISL AST outside its parallel loops becomes a
-Python driver `run(launch, *params)` (the wavefront's sequential loop, guards), which
-launches one kernel per parallel loop (grid = its trip count; a directly nested parallel loop
-makes the grid 2-D) or per statement left outside any parallel loop (grid = 1). The AST
-inside a parallel loop becomes that kernel's body.
+"""The CUDA target's control flow: the schedule's whole ISL AST becomes one persistent kernel
+(`polyft_k0`), so a call is one launch whatever its wavefront's length.
+
+Every block runs the code outside parallel loops (the wavefront's sequential loops, guards).
+A parallel loop starts a *band*: it, the parallel loops directly inside it, and those found
+further in, are flattened into one index space of instances that the blocks share out as a
+grid-stride loop (block b runs instances b, b + gridDim.x, ...), each instance's body run by
+one block with all its threads (emit.cuda_statements). To reach the parallel loops further in,
+the band is carried inward: over a block of nodes it is distributed (one band per node), over
+a sequential loop or a guard whose bounds do not name the band's iterators it is interchanged
+outward (the loop runs in every block, the band inside it). Both are legal because a parallel
+loop carries no dependence: only the order of instances with the same band iterators matters,
+and that order is kept. A band ends in a grid-wide barrier (`ft_grid_sync`), so the next band,
+or the next step of a sequential loop, sees everything it wrote; a statement outside every
+parallel loop runs in block 0, then the barrier.
+
+Bounds that name an outer band iterator (a triangle, a wavefront's cells) flatten over their
+bounding box, computed with ISL, each instance guarded by the loop's own bounds. A parallel
+loop that cannot be flattened (a non-unit stride, no plain upper bound, a tiled loop whose
+bounds name the band's iterators, a sequential loop between bands whose bounds name them)
+runs serially inside the instance's block; the reason is kept in `PersistentKernel.serial`
+and written into the kernel as a comment.
+
+The host side is one line of Python, `run(launch, *params)`: `launch(0, blocks)` with the
+most instances any band has at once (ISL, over the lengths), or None where ISL cannot bound
+them; the runtime launches min(that, the blocks that can be resident at once).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import cgen
 import islpy as isl
 
-from polyft.errors import CompileError
-
 from .c_family import StatementCalls
-from .isl_ast import call_loops, children, loop_key, names, py_expr, to_cgen, upper_bound
+from .isl_ast import below, call_loops, children, has_parallel, level, loop_key, names, py_expr, to_cgen, \
+    upper_bound
 
-class HostDriver:
-    """Splits the AST: host code (Python lines) outside parallel loops, kernels inside.
+# the grid barrier on the GPU (the emulator has its own, emulate.hpp). A software barrier, not a
+# cooperative launch: PyCUDA has no cuLaunchCooperativeKernel, and grid.sync() needs relocatable
+# device code; the runtime sizes the grid from the occupancy so that every block is resident.
+GRID_BARRIER = r"""#ifndef FT_EMULATED
+__device__ unsigned int ft_grid_arrived, ft_grid_generation;
+/* All blocks of the grid wait here: the last to arrive resets the count and opens the next
+   generation. The fences publish this block's writes before it arrives and order the others'
+   before its reads; a barrier still closed after ~10 s traps (a block that is not resident
+   would otherwise hang the GPU). */
+__device__ __noinline__ void ft_grid_sync() {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    volatile unsigned int* generation = &ft_grid_generation;
+    const unsigned int mine = *generation;
+    __threadfence();
+    if (atomicAdd(&ft_grid_arrived, 1u) == gridDim.x * gridDim.y - 1) {
+      atomicExch(&ft_grid_arrived, 0u);
+      __threadfence();
+      atomicAdd(&ft_grid_generation, 1u);
+    } else {
+      for (unsigned int spins = 0; *generation == mine; spins++) {
+        __nanosleep(64);
+        if (spins == (1u << 27)) __trap();
+      }
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+#endif
+"""
 
-    A loop in `tiles` (isl_ast.tileable_loops) runs `tb` iterations per block (or per
-    step, inside a kernel); the statements under it are called in their batched form."""
 
-    def __init__(self, ast: isl.AstNode, parallel: list, tiles: dict, tb: int):
-        self.parallel = parallel
-        self.tiles, self.tb = tiles, tb
+@dataclass
+class Band:
+    """One band of the kernel: the time dims of its flattened loops (outermost first), the
+    statements its instances call, the Python expression (over the lengths) of the most
+    instances it has at once (None where ISL cannot bound it), and `depth`: one instance runs
+    the statement instances whose time vectors agree on the first `depth` dims (those of the
+    band's loops and of the loops around it)."""
+    dims: list
+    called: set
+    most: str | None
+    depth: int
+
+
+class PersistentKernel:
+    """The schedule's AST as the body of one kernel (module doc). A loop in `tiles`
+    (isl_ast.tileable_loops) runs `tb` iterations per instance; the statements under it are
+    called in their batched form."""
+
+    def __init__(self, ast: isl.AstNode, parallel: list, tiles: dict, tb: int, params: list):
+        self.parallel, self.tiles, self.tb, self.params = parallel, tiles, tb, list(params)
         self.statement = StatementCalls("c")
-        self.kernels = []  # (k, arguments, body lines) of kernel polyft_k<k>
-        self.grids = []  # per kernel: the time dims of its grid's loops (none: a grid of 1), and
-        self.called = []  # the names of the statements it calls
-        self.host = []
-        self.host_lines(ast, 1, [])
+        self.bands: list = []
+        self.instance_bodies: list = []  # per band, the cgen.Block an instance runs (its first lines may be added)
+        self.serial: list = []  # why a parallel loop runs serially inside a block
+        self.code = self._uniform(ast, [])
 
-    def source(self, params: list) -> str:
-        """The driver as Python: `run(launch, *params)`, calling `launch(k, grid, lows, outer)`."""
-        return "\n".join([f"def run(launch, {', '.join(params + ['_=None'])}):"] + (self.host or ["    pass"])) + "\n"
+    @property
+    def grids(self) -> list:
+        return [b.dims for b in self.bands]
 
-    def host_lines(self, node, indent, outer):
+    @property
+    def called(self) -> list:
+        return [b.called for b in self.bands]
+
+    def source(self) -> str:
+        """The host driver as Python: `run(launch, *params)` calling `launch(0, blocks)`."""
+        most = [b.most for b in self.bands]
+        blocks = "None" if None in most else f"max({', '.join(['1'] + most)})"
+        return (f"def run(launch, {', '.join(self.params + ['_=None'])}):\n"
+                f"    launch(0, {blocks})\n")
+
+    # -- code every block runs -----------------------------------------------------------
+    def _uniform(self, node, path):
         t = node.get_type()
-        pad = "    " * indent
         if t == isl.ast_node_type.block:
-            for c in children(node):
-                self.host_lines(c, indent, outer)
-        elif t == isl.ast_node_type.if_:
-            self.host.append(f"{pad}if {py_expr(node.if_get_cond())}:")
-            self.host_lines(node.if_get_then_node(), indent + 1, outer)
-            if node.if_has_else_node():
-                self.host.append(f"{pad}else:")
-                self.host_lines(node.if_get_else_node(), indent + 1, outer)
-        elif t == isl.ast_node_type.for_:
-            it = node.for_get_iterator().get_id().get_name()
-            if self.parallel[int(it[1:])]:
-                loops = [node]  # this parallel loop, and one directly inside it -> a 2-D grid
-                inner = node.for_get_body()
-                if inner.get_type() == isl.ast_node_type.for_:
-                    it2 = inner.for_get_iterator().get_id().get_name()
-                    if self.parallel[int(it2[1:])] and it not in names(
-                            f"{inner.for_get_init().to_C_str()} {inner.for_get_cond().to_C_str()}"):
-                        loops.append(inner)
-                tiled = [loop_key(lp) in self.tiles for lp in loops]
-                k = self._kernel(loops[-1].for_get_body(), outer, [lp.for_get_iterator().get_id().get_name()
-                                                                   for lp in loops], tiled)
-                grid, los, counts = [], [], []
-                for lp, tl in zip(loops, tiled):
-                    lo, n = _trip(lp)
-                    grid.append(f"(({n}) + {self.tb - 1}) // {self.tb}" if tl else n)
-                    los.append(lo)
-                    counts += [n] if tl else []
-                los += counts
-                self.host.append(f"{pad}launch({k}, ({', '.join(grid)},), ({', '.join(los)},), "
-                                 f"({', '.join(outer + [''])}))")
-            else:
-                self.host.append(f"{pad}{it} = {py_expr(node.for_get_init())}")
-                self.host.append(f"{pad}while {py_expr(node.for_get_cond())}:")
-                self.host_lines(node.for_get_body(), indent + 1, outer + [it])
-                self.host.append(f"{pad}    {it} += {py_expr(node.for_get_inc())}")
-        elif t == isl.ast_node_type.user:
-            k = self._kernel(node, outer, [])
-            self.host.append(f"{pad}launch({k}, (1,), (), ({', '.join(outer + [''])}))")
+            return cgen.Block([self._uniform(c, path) for c in children(node)])
+        if t == isl.ast_node_type.mark:
+            return self._uniform(node.mark_get_node(), path)
+        if t == isl.ast_node_type.if_:
+            return self._guard(node, path, lambda n, p: self._uniform(n, p))
+        if t == isl.ast_node_type.for_:
+            if self.parallel[level(node)]:
+                return self._mapped([], node, path)
+            return self._loop(node, path, lambda n, p: self._uniform(n, p))
+        if t == isl.ast_node_type.user:  # outside every parallel loop: block 0 runs it
+            return self._band([], node, path)
+        raise NotImplementedError(f"ISL AST node {t} in a kernel")
+
+    def _guard(self, node, path, inner):
+        cond = node.if_get_cond()
+        then = inner(node.if_get_then_node(), path + [_isl(cond)])
+        other = inner(node.if_get_else_node(), path) if node.if_has_else_node() else None
+        return cgen.If(cond.to_C_str(), _block(then), _block(other) if other is not None else None)
+
+    def _loop(self, node, path, inner):
+        """A sequential loop every block runs, `inner` its body."""
+        it = node.for_get_iterator().get_id().get_name()
+        init, cond, inc = node.for_get_init(), node.for_get_cond(), node.for_get_inc().to_C_str()
+        bounds = [f"{_isl(init)} <= {it}", _isl(cond)] if inc == "1" else [f"{_isl(init)} <= {it}"]
+        body = inner(node.for_get_body(), path + [(it, bounds)])
+        return cgen.For(f"long {it} = {init.to_C_str()}", cond.to_C_str(), f"{it} += {inc}", _block(body))
+
+    # -- bands ---------------------------------------------------------------------------
+    def _mapped(self, band: list, node, path):
+        """The code running `node` for every instance of `band` (for-nodes, outermost first),
+        the parallel loops in `node` joining the band where they can."""
+        t = node.get_type()
+        if t == isl.ast_node_type.for_ and self.parallel[level(node)]:
+            why = self._unmappable(band, node, path)
+            if why is None:
+                return self._mapped(band + [node], node.for_get_body(), path)
+            self.serial.append(why)
+            return self._band(band, node, path, why)
+        if not has_parallel(node, self.parallel):
+            return self._band(band, node, path)
+        mine = {lp.for_get_iterator().get_id().get_name() for lp in band}
+        if t == isl.ast_node_type.block:  # distributed: one band per node
+            return cgen.Block([self._mapped(band, c, path) for c in children(node)])
+        if t == isl.ast_node_type.mark:
+            return self._mapped(band, node.mark_get_node(), path)
+        if t == isl.ast_node_type.if_ and not mine & names(node.if_get_cond().to_C_str()):
+            return self._guard(node, path, lambda n, p: self._mapped(band, n, p))
+        if t == isl.ast_node_type.for_:
+            bounds = " ".join(e.to_C_str() for e in (node.for_get_init(), node.for_get_cond(), node.for_get_inc()))
+            if not mine & names(bounds):  # interchanged outward: every block runs it, the band inside
+                return self._loop(node, path, lambda n, p: self._mapped(band, n, p))
+            why = (f"the loop over {node.for_get_iterator().get_id().get_name()} ({node.for_get_cond().to_C_str()}) "
+                   f"has bounds naming the band's iterators: the parallel loops inside it run serially")
         else:
-            raise NotImplementedError(f"ISL AST node {t} on the host")
+            why = f"a guard ({node.if_get_cond().to_C_str()}) names the band's iterators: the parallel loops " \
+                  "inside it run serially"
+        self.serial.append(why)
+        return self._band(band, node, path, why)
 
-    def _kernel(self, body, outer, its, tiled=()) -> int:
-        """A kernel running `body` with `its` bound to block indices (x, then y); a tiled one
-        to `tb` iterations from there (at most n<d>, its trip count, minus those before)."""
-        k = len(self.kernels)
-        lines, tile = [], None
-        for d, (it, tl) in enumerate(zip(its, tiled or [False] * len(its))):
-            xy = "xy"[d]
-            if tl:
-                lines.append(cgen.Line(f"const long {it} = lo{d} + (long)blockIdx.{xy} * {self.tb};"))
-                lines.append(cgen.Line(f"const long {it}_n = min({self.tb}, n{d} - (long)blockIdx.{xy} * {self.tb});"))
-                tile = (it, f"{it}_n")
-            else:
-                lines.append(cgen.Line(f"const long {it} = lo{d} + blockIdx.{xy};"))
+    def _unmappable(self, band: list, node, path) -> str | None:
+        """Why parallel loop `node` cannot join `band` (None: it can)."""
+        it = node.for_get_iterator().get_id().get_name()
+        if node.for_get_inc().to_C_str() != "1" or upper_bound(node)[0] is None:
+            return f"the parallel loop over {it} ({node.for_get_cond().to_C_str()}, step " \
+                   f"{node.for_get_inc().to_C_str()}) is not a unit-stride loop with an upper bound: it runs serially"
+        mine = {lp.for_get_iterator().get_id().get_name() for lp in band}
+        bounds = f"{node.for_get_init().to_C_str()} {node.for_get_cond().to_C_str()}"
+        if mine & names(bounds) - {it}:
+            if loop_key(node) in self.tiles:
+                return f"the tiled parallel loop over {it} has bounds naming the band's iterators: it runs serially"
+            try:
+                self._box(band + [node], path, len(band))
+            except isl.Error:
+                return f"ISL finds no bounding box of the parallel loop over {it} ({bounds}): it runs serially"
+        return None
+
+    def _band(self, band: list, body, path, why=None):
+        """The grid-stride loop over the band's instances running `body`, then the grid
+        barrier; with no band (a subtree without parallel loops), block 0 runs it."""
         code = to_cgen(body, [False] * len(self.parallel), self.statement, lambda loop, info: loop,
-                       tiles=self.tiles, tile=tile)
-        args = [cgen.Value("const ctx_t* __restrict__", "c")]
-        self.grids.append([int(it[1:]) for it in its])
-        self.called.append({name for name, _ in call_loops(body)})
-        args += [cgen.Value("const long", f"lo{d}") for d in range(len(its))]
-        args += [cgen.Value("const long", f"n{d}") for d, tl in enumerate(tiled) if tl]
-        args += [cgen.Value("const long", o) for o in outer]
-        self.kernels.append((k, args, lines + [code]))
-        return k
+                       tiles=self.tiles, tile=self._tile(band))
+        note = [cgen.Comment(why)] if why else []
+        inst = cgen.Block(note + [code])
+        self.instance_bodies.append(inst)
+        called = {c for c, _ in call_loops(body)}
+        depth = 1 + max([level(lp) for lp in band] + [int(p[0][1:]) for p in path if isinstance(p, tuple)], default=-1)
+        if not band:
+            self.bands.append(Band([], called, "1", depth))
+            return cgen.Block([cgen.If("blockIdx.x == 0", inst), cgen.Statement("ft_grid_sync()")])
+        mine = {lp.for_get_iterator().get_id().get_name() for lp in band}
+        head, decode, guards = [], [], []
+        for d, lp in enumerate(band):
+            it = lp.for_get_iterator().get_id().get_name()
+            init, cond = lp.for_get_init(), lp.for_get_cond()
+            hi, inclusive = upper_bound(lp)
+            if (mine - {it}) & names(f"{init.to_C_str()} {cond.to_C_str()}"):  # over its bounding box, guarded
+                lo_c, hi_c = self._box(band, path, d)
+                guards.append(f"{init.to_C_str()} <= {it} && {cond.to_C_str()}")
+                trips = f"({hi_c}) - ({lo_c}) + 1"
+            else:
+                lo_c = init.to_C_str()
+                trips = f"({hi.to_C_str()}) - ({lo_c}){' + 1' if inclusive else ''}"
+            tiled = loop_key(lp) in self.tiles
+            count = f"(max(0L, {trips}) + {self.tb - 1}) / {self.tb}" if tiled else f"max(0L, {trips})"
+            head.append(cgen.Line(f"const long ft_n{d} = {count};"))
+            step = f" * {self.tb}" if tiled else ""
+            lines = [cgen.Line(f"const long {it} = ({lo_c}) + (ft_r % ft_n{d}){step}; ft_r /= ft_n{d};")]
+            if tiled:
+                lines.append(cgen.Line(f"const long {it}_n = min({self.tb}L, ({hi.to_C_str()}) - {it}"
+                                       f"{' + 1' if inclusive else ''});"))
+            decode.insert(0, lines)  # the innermost dim varies fastest
+        total = " * ".join(f"ft_n{d}" for d in range(len(band)))
+        run = cgen.If(" && ".join(f"({g})" for g in guards), inst) if guards else inst
+        loop = cgen.For("long ft_f = blockIdx.x", f"ft_f < {total}", "ft_f += gridDim.x",
+                        cgen.Block([cgen.Line("long ft_r = ft_f;")] + [ln for lines in decode for ln in lines] + [run]))
+        self.bands.append(Band([level(lp) for lp in band], called, self._most(band, path), depth))
+        return cgen.Block(head + [loop, cgen.Statement("ft_grid_sync()")])
+
+    def _tile(self, band):
+        for lp in band:
+            if loop_key(lp) in self.tiles:
+                it = lp.for_get_iterator().get_id().get_name()
+                return it, f"{it}_n"
+        return None
+
+    # -- bounds by ISL -------------------------------------------------------------------
+    def _set_text(self, band, path, outer_as_params: bool) -> str:
+        """The band's instances as ISL text: its iterators, under the constraints of the loops
+        and guards around it (those ISL can read; fewer constraints only enlarge a box)."""
+        outer = [p[0] for p in path if isinstance(p, tuple)]
+        cons = []
+        for p in path:
+            cons += p[1] if isinstance(p, tuple) else [p]
+        for lp in band:
+            it = lp.for_get_iterator().get_id().get_name()
+            cons += [f"{_isl(lp.for_get_init())} <= {it}", _isl(lp.for_get_cond())]
+        its = [lp.for_get_iterator().get_id().get_name() for lp in band]
+        cons = " and ".join(c for c in cons if c is not None) or "true"
+        if outer_as_params:
+            return f"[{', '.join(self.params + outer)}] -> {{ [{', '.join(its)}] : {cons} }}"
+        return f"[{', '.join(self.params)}] -> {{ [{', '.join(outer)}] -> [{', '.join(its)}] : {cons} }}"
+
+    def _box(self, band, path, d) -> tuple:
+        """C (lower, upper) bounds of band loop d over its instances, given the loops around."""
+        s = isl.Set(self._set_text(band, path, True))
+        build = isl.AstBuild.from_context(isl.Set.universe(s.get_space().params()))
+        return tuple(build.expr_from_pw_aff(b.coalesce()).to_C_str() for b in (s.dim_min(d), s.dim_max(d)))
+
+    def _most(self, band, path) -> str | None:
+        """Python: at most how many instances the band has at once, over every value of the loops
+        around it (the product of each flattened dim's widest extent), None if unbounded."""
+        try:
+            m = isl.Map(self._set_text(band, path, False))
+        except isl.Error:
+            return None
+        build = isl.AstBuild.from_context(isl.Set.universe(m.get_space().params()))
+        n = m.dim(isl.dim_type.out)
+        factors = []
+        for d, lp in enumerate(band):
+            one = m.project_out(isl.dim_type.out, d + 1, n - d - 1).project_out(isl.dim_type.out, 0, d)
+            try:
+                width = one.reverse().apply_range(one).deltas().dim_max(0).coalesce()
+                e = f"({py_expr(build.expr_from_pw_aff(width))} + 1)"
+            except isl.Error:
+                return None
+            factors.append(f"-(-max(0, {e}) // {self.tb})" if loop_key(lp) in self.tiles else f"max(0, {e})")
+        return " * ".join(factors)
 
 
-def _trip(node) -> tuple:
-    """(lower bound, trip count) of a unit-stride loop, as Python expressions."""
-    lo = py_expr(node.for_get_init())
-    hi, inclusive = upper_bound(node)
-    if hi is None:
-        raise CompileError(f"cannot map the loop over {node.for_get_iterator().get_id().get_name()} "
-                           f"({node.for_get_cond().to_C_str()}) to a grid", op="emit")
-    return lo, f"max(0, {py_expr(hi)} - ({lo}){' + 1' if inclusive else ''})"
+_ISL_OPS = {isl.ast_expr_op_type.add: "+", isl.ast_expr_op_type.sub: "-", isl.ast_expr_op_type.mul: "*",
+            isl.ast_expr_op_type.le: "<=", isl.ast_expr_op_type.lt: "<", isl.ast_expr_op_type.ge: ">=",
+            isl.ast_expr_op_type.gt: ">", isl.ast_expr_op_type.eq: "=", isl.ast_expr_op_type.and_: "and",
+            isl.ast_expr_op_type.and_then: "and", isl.ast_expr_op_type.or_: "or", isl.ast_expr_op_type.or_else: "or"}
+
+
+def _isl(e: isl.AstExpr) -> str | None:
+    """An ISL AST expression as ISL's own syntax (None where it has no affine form)."""
+    t = e.get_type()
+    if t == isl.ast_expr_type.id:
+        return e.get_id().get_name()
+    if t == isl.ast_expr_type.int:
+        return str(e.get_val().to_python())
+    op = e.get_op_type()
+    args = [_isl(e.get_op_arg(k)) for k in range(e.get_op_n_arg())]
+    if None in args:
+        return None
+    if op in _ISL_OPS:
+        return "(" + f" {_ISL_OPS[op]} ".join(args) + ")"
+    if op == isl.ast_expr_op_type.minus:
+        return f"(-{args[0]})"
+    if op in (isl.ast_expr_op_type.min, isl.ast_expr_op_type.max):
+        return f"{'min' if op == isl.ast_expr_op_type.min else 'max'}({', '.join(args)})"
+    if op in (isl.ast_expr_op_type.div, isl.ast_expr_op_type.fdiv_q, isl.ast_expr_op_type.pdiv_q):
+        return f"floor(({args[0]}) / {args[1]})"
+    if op in (isl.ast_expr_op_type.pdiv_r, isl.ast_expr_op_type.zdiv_r):
+        return f"(({args[0]}) mod {args[1]})"
+    return None
+
+
+def _block(node):
+    return node if isinstance(node, cgen.Block) else cgen.Block([node])

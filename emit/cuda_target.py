@@ -1,28 +1,28 @@
 """The CUDA target, from the same ISL AST and statement bodies as the C target.
 
-* Host: the loops outside the outermost parallel loops become a Python driver that launches
-  one kernel per parallel loop (emit.cuda_host).
-* Device: a kernel runs one iteration of its parallel loop per thread block, the loops inside
-  it sequentially; each statement is a `__device__` function whose tile operations all
-  threads of the block execute cooperatively (emit.cuda_statements), its tiles in the
-  block's shared-memory arena (emit.cuda_arena). Runs of elementwise operations are fused
-  into one pass whose intermediate values stay in registers (the GEMM epilogues: bias, gates).
+* Control: the whole schedule is one persistent kernel (emit.cuda_host): every block runs the
+  sequential loops, each parallel band's instances (all its parallel loops flattened) are
+  shared out among the blocks by a grid-stride loop, a grid barrier after each band. One
+  launch per call; the runtime sizes the grid so that all its blocks are resident.
+* Device: an instance of a band runs on one block, the loops inside it sequentially; each
+  statement is a `__device__` function whose tile operations all threads of the block
+  execute cooperatively (emit.cuda_statements), its tiles in the block's shared-memory arena
+  (emit.cuda_arena). Runs of elementwise operations are fused into one pass whose
+  intermediate values stay in registers (the GEMM epilogues: bias, gates).
 * Storage: buffers stay in global memory, contracted by their shared mapping, except the
-  buffers the storage places "local" that a block can keep in its own shared memory: every
-  element of such a buffer is read and written within one iteration of a parallel loop (its
-  slot dim), so when a kernel's 1-D grid is that loop, each block owns the elements of its
-  iteration (or of its batch of `tb` iterations: the moduli for BATCH, which cover any tb <=
-  BATCH), no other block ever sees them, and they die before the block ends. Those buffers
-  (every statement touching one called in that one kernel; `local_places`) live after the
-  arena in the block's dynamic shared memory, 64-byte aligned, each group of buffers never
-  live at once (Storage.regions) in one region as large as its largest member: on-chip
-  state (flash attention's running max, sum and output; b2b_gemm's accumulator) is then
-  never written to DRAM. A kernel using them starts from its own copy of the context
-  (`ft_own`) whose pointers to them are the block's places, and calls its statements on
-  it. What does not fit next to the arena within LOCAL_BUDGET (two blocks per SM) goes back
-  to global memory, largest first; so do buffers of 2-D grids, of several kernels, and those whose size is
-  not known when generating (a full extent of an unknown length): the launch's dynamic
-  shared memory is a number fixed at generation.
+  buffers the storage places "local" that a block can keep in its own shared memory
+  (`local_candidates`): every statement touching one is called in one band, and every
+  element's accesses fall in one instance of it, so the block running that instance owns
+  the element from its write to its last read, and no other block ever sees it. Those
+  buffers (`local_places`) live after the arena in the block's dynamic shared memory,
+  64-byte aligned, each group of buffers never live at once (Storage.regions) in one region
+  as large as its largest member: on-chip state (flash attention's running max, sum and
+  output; b2b_gemm's accumulator) is then never written to DRAM. The kernel runs on its own
+  copy of the context (`ft_own`) whose pointers to them are the block's places. What does
+  not fit next to the arena within LOCAL_BUDGET (two blocks per SM) goes back to global
+  memory, largest first; so do buffers whose size is not known when generating (a full
+  extent of an unknown length): the launch's dynamic shared memory is a number fixed at
+  generation.
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ import os
 from dataclasses import dataclass
 
 import cgen
+import islpy as isl
 
 from polyft.affine import Length
 from polyft.errors import CompileError
@@ -39,7 +40,7 @@ from polyft.errors import CompileError
 from . import cuda_arena
 from .c_family import MACROS, TILE, const_decl, local_batches, prepare, statement_functions, tiled_loops
 from .c_statements import ctype, native_dtype
-from .cuda_host import HostDriver
+from .cuda_host import GRID_BARRIER, PersistentKernel
 from .cuda_statements import PRECISIONS, CudaStatementBody
 from .isl_ast import build_ast
 from .protocol import Module, Target
@@ -57,15 +58,22 @@ PRELUDE = "#include <stdint.h>\n" + MACROS + """
 #define ft_sigmoidf(x) (1 / (1 + expf(-(x))))
 """
 
+# emulated, blocks run by turns between grid barriers, each with its own copy of the arena
+# (emit/emulate.hpp swaps them)
+REGISTER_ARENA = """#ifdef FT_EMULATED
+static const int ft_arena_registered = ft_register_arena(ft_arena, sizeof ft_arena);
+#endif"""
+
 
 @dataclass(frozen=True)
 class CudaModule(Module):
-    """CUDA C++ `source` with kernels `polyft_k<k>(ctx, long...)`, and the Python `host`
-    driver that launches them."""
+    """CUDA C++ `source` with one persistent kernel `polyft_k0(ctx)` (emit.cuda_host), and the
+    Python `host` driver that launches it."""
     host: str
     arities: list  # per kernel, its number of `long` arguments after the context
     shared_bytes: int  # the dynamic shared memory each block needs: the arena, then local buffers
     threads: int  # per block
+    serial: tuple = ()  # why parallel loops run serially inside a block (cuda_host.PersistentKernel)
 
 
 class SharedMemoryError(CompileError):
@@ -100,7 +108,7 @@ class CudaTarget(Target):
         etdg = model.etdg
         ast = build_ast(schedule.map, model.context)
         tiles = tiled_loops(etdg, ast, schedule.parallel, tb) if tb else {}
-        driver = HostDriver(ast, schedule.parallel, tiles, tb)
+        driver = PersistentKernel(ast, schedule.parallel, tiles, tb, list(model.params))
         kernel_of, local = local_candidates(etdg, storage, ast, schedule.parallel, tiles, driver)
         nbytes = {name: local_bytes(storage.buffers[name], w, model.sizes) for name, w in local.items()}
         local = {name: w for name, w in local.items() if nbytes[name] is not None}
@@ -122,58 +130,73 @@ class CudaTarget(Target):
                 break
             local = {name: w for name, w in local.items() if name in places}
         slots = {b.name: k for k, b in enumerate(layout.buffers)}
-        kernels = []
-        for k, args, lines in driver.kernels:
-            setup = [cgen.Line(f"const long {p} = c->{p}; (void){p};") for p in params]
-            mine = sorted((slots[name], name) for name in places if kernel_of[name] == k)
-            if mine:  # the block's own context: its local buffers in its shared memory
-                setup.append(cgen.Line("ctx_t ft_own = *c;"))
-                for slot, name in mine:
-                    b = layout.buffers[slot]
-                    setup.append(cgen.Line(f"ft_own.b{slot} = ({ctype(b.dtype)}*)(ft_arena + {places[name]});  "
-                                           f"/* {name}: {nbytes[name]} bytes, batches of {local[name]} */"))
-                lo = min(places[name] for _, name in mine)
-                hi = max(places[name] + nbytes[name] for _, name in mine)
-                # the emulator runs blocks in turn on one array: what an earlier block left
-                # there would hide a read before a write, so each block starts from NaNs
-                setup.append(cgen.Line(f"#ifdef FT_EMULATED\nif (threadIdx.x == 0) memset(ft_arena + {lo}, 0xff, "
-                                       f"{hi - lo});\n__syncthreads();\n#endif"))
-                lines = [cgen.Block([cgen.Line("const ctx_t* c = &ft_own;")] + lines)]
-            kernels.append(cgen.FunctionBody(
-                cgen.FunctionDeclaration(cgen.Value(f'extern "C" __global__ void __launch_bounds__({self.threads})',
-                                                    f"polyft_k{k}"), args),
-                cgen.Block(setup + lines)))
+        setup = [cgen.Line(f"const long {p} = c->{p}; (void){p};") for p in params]
+        lines = [driver.code]
+        mine = sorted((slots[name], name) for name in places)
+        if mine:  # the block's own context: its local buffers in its shared memory
+            setup.append(cgen.Line("ctx_t ft_own = *c;"))
+            for slot, name in mine:
+                b = layout.buffers[slot]
+                setup.append(cgen.Line(f"ft_own.b{slot} = ({ctype(b.dtype)}*)(ft_arena + {places[name]});  "
+                                       f"/* {name}: {nbytes[name]} bytes, batches of {local[name]} */"))
+            for k in sorted({kernel_of[name] for name in places}):
+                lo = min(places[name] for name in places if kernel_of[name] == k)
+                hi = max(places[name] + nbytes[name] for name in places if kernel_of[name] == k)
+                # what an earlier instance left in the block's shared memory would hide a read
+                # before a write: emulated, each instance starts from NaNs
+                driver.instance_bodies[k].contents.insert(0, cgen.Line(
+                    f"#ifdef FT_EMULATED\nif (threadIdx.x == 0) memset(ft_arena + {lo}, 0xff, {hi - lo});\n"
+                    f"__syncthreads();\n#endif"))
+            lines = [cgen.Block([cgen.Line("const ctx_t* c = &ft_own;")] + lines)]
+        notes = [cgen.Comment(f"runs serially: {why}") for why in driver.serial]
+        kernel = cgen.FunctionBody(
+            cgen.FunctionDeclaration(cgen.Value(f'extern "C" __global__ void __launch_bounds__({self.threads})',
+                                                "polyft_k0"), [cgen.Value("const ctx_t* __restrict__", "c")]),
+            cgen.Block(notes + setup + lines))
         shared = max(arena[0], shared)
         module = cgen.Module([cgen.Line(f"#define FT_THREADS {self.threads}"), cgen.Line(PRELUDE), cgen.Line(LIBRARY),
-                              cgen.Line(cuda_arena.declaration(shared)), ctx, cgen.Line("")]
+                              cgen.Line(GRID_BARRIER), cgen.Line(cuda_arena.declaration(shared)),
+                              cgen.Line(REGISTER_ARENA), ctx, cgen.Line("")]
                              + [const_decl(n, v, "__device__ const") for n, v in consts.values()]
-                             + [cgen.Line("")] + functions + [cgen.Line("")] + kernels)
-        return CudaModule(str(module) + "\n", layout, tuple(params), driver.source(params),
-                          [len(args) - 1 for _, args, _ in driver.kernels], shared, self.threads)
+                             + [cgen.Line("")] + functions + [cgen.Line(""), kernel])
+        return CudaModule(str(module) + "\n", layout, tuple(params), driver.source(), [0], shared, self.threads,
+                          tuple(driver.serial))
 
 
-def local_candidates(etdg, storage, ast, parallel: list, tiles: dict, driver: HostDriver) -> tuple:
-    """(buffer name -> its kernel, buffer name -> storage.Batch) of the local buffers a block
+def local_candidates(etdg, storage, ast, parallel: list, tiles: dict, driver: PersistentKernel) -> tuple:
+    """(buffer name -> its band, buffer name -> storage.Batch) of the local buffers a block
     may keep in shared memory: c_family.local_batches' (placed "local", every access inside
     a parallel loop; TILE where the slot loop is tiled, i.e. the moduli for BATCH, which
-    cover a block's `tb` <= BATCH iterations; parallel loops inside may be other blocks') whose every statement is called in one kernel
-    whose 1-D grid is the buffer's slot loop (so a block owns the elements it touches)."""
+    cover a block's `tb` <= BATCH iterations) whose every statement is called in one band of
+    the kernel (cuda_host.Band), each element's accesses all in one instance of it (`owned`):
+    the block running that instance owns the element for its whole life, whatever the band's
+    shape, and the instance's slot iterations are one, a tile, or run in order inside it."""
     if storage is None:
         return {}, {}
     widths = local_batches(etdg, storage, ast, parallel, tiles, False)
     by_name = {st.name: st for st in etdg.statements}
-    kernels: dict = {}  # buffer name -> the kernels calling a statement that touches it
-    for k, called in enumerate(driver.called):
-        for name in called:
+    bands: dict = {}  # buffer name -> the bands calling a statement that touches it
+    for k, band in enumerate(driver.bands):
+        for name in band.called:
             st = by_name[name]
             for am in st.reads + st.writes:
-                kernels.setdefault(am.buffer.resolve().name, set()).add(k)
+                bands.setdefault(am.buffer.resolve().name, set()).add(k)
     kernel_of, local = {}, {}
     for name, width in widths.items():
-        ks = kernels.get(name, set())
-        if len(ks) == 1 and driver.grids[min(ks)] == [storage.buffers[name].slot_dim]:
+        ks = bands.get(name, set())
+        if len(ks) == 1 and owned(storage.buffers[name], driver.bands[min(ks)].depth):
             kernel_of[name], local[name] = min(ks), width
     return kernel_of, local
+
+
+def owned(s, depth: int) -> bool:
+    """Whether every access of each element of buffer storage `s` happens at times that agree
+    on the first `depth` time dims (ISL: the pairs of access times of one element)."""
+    pairs = s.live.reverse().apply_range(s.live)
+    same = isl.Map.universe(pairs.get_space())
+    for j in range(depth):
+        same = same.equate(isl.dim_type.in_, j, isl.dim_type.out, j)
+    return pairs.is_subset(same)
 
 
 def local_bytes(s, batch, sizes: dict) -> int | None:

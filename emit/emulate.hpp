@@ -8,7 +8,10 @@
    barrier of the warp's 32 lanes; WMMA fragments hold the whole 16x16 tile in every lane, with
    operands rounded to the fragment's precision (fp16, bf16, tf32) as on the tensor cores.
 
-   The generated source follows this header; ft_launch runs a kernel's grid, block by block. */
+   The blocks of a grid run together (the scheduler below), so the persistent kernel's grid
+   barrier is a barrier too: a block that reads what another wrote in the step before sees it
+   only after the barrier, and a barrier not every block reaches is reported as a deadlock.
+   The generated source follows this header; ft_launch runs a kernel's grid. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -17,9 +20,10 @@
 #include <ucontext.h>
 
 struct polyft_dim3 { unsigned x, y, z; };
-enum { FT_MAX_THREADS = 1024, FT_MAX_WARPS = FT_MAX_THREADS / 32, FT_STACK = 1 << 18 };
-static polyft_dim3 blockIdx, threadIdx;
-static int ft_nthreads;  /* of the block being run */
+enum { FT_MAX_THREADS = 1024, FT_MAX_WARPS = FT_MAX_THREADS / 32, FT_GROUPS = 1 + FT_MAX_WARPS,
+       FT_MAX_FIBERS = 16384, FT_STACK = 1 << 18, FT_TOO_MANY = -(1 << 30) };
+static polyft_dim3 blockIdx, threadIdx, gridDim;
+static int ft_nthreads;  /* per block */
 #define blockDim (polyft_dim3{(unsigned)ft_nthreads, 1, 1})
 struct float4 { float x, y, z, w; };
 #define __global__
@@ -27,87 +31,134 @@ struct float4 { float x, y, z, w; };
 #define __host__
 #define __shared__ static
 #define __forceinline__ inline
+#define __noinline__
 #define __launch_bounds__(n)
 #define __align__(n) __attribute__((aligned(n)))
 #define __restrict__ __restrict
 
-/* -- the scheduler ------------------------------------------------------------------------ */
-static ucontext_t ft_main, ft_fiber[FT_MAX_THREADS];
-static char* ft_stacks[FT_MAX_THREADS];
-static int ft_done[FT_MAX_THREADS], ft_waiting[FT_MAX_THREADS], ft_wait_group[FT_MAX_THREADS],
-    ft_wait_gen[FT_MAX_THREADS];
-static int ft_arrived[1 + FT_MAX_WARPS], ft_generation[1 + FT_MAX_WARPS];
+/* -- the scheduler ------------------------------------------------------------------------
+   Every thread of every block of the grid is a fiber. Block by block, the scheduler runs the
+   block's threads until each has finished or waits at the grid barrier (switching among them
+   at block and warp barriers), then the next block's; when every thread waits at the grid
+   barrier it opens. A block's shared memory is the one arena (registered by the generated
+   source): the scheduler keeps a copy per block and swaps them when it changes block. */
+struct ft_thread {
+  ucontext_t context;
+  int block, done, waiting, group, generation;
+};
+static ucontext_t ft_main;
+static ft_thread* ft_threads;
+static char* ft_stacks[FT_MAX_FIBERS];
+static int ft_self;  /* the running fiber */
+static int *ft_arrived, *ft_generation;  /* per group: 0, the grid; 1 + block * FT_GROUPS, the block; then its warps */
+static long ft_total;  /* threads in the grid */
 static void (*ft_body)(void*);
 static void* ft_body_arg;
+static unsigned char* ft_arena_at;
+static size_t ft_arena_bytes;
 
-/* group 0: the block; group 1 + w: warp w */
-static void ft_barrier(int group, int size) {
-  const int me = threadIdx.x;
+static int ft_register_arena(unsigned char* arena, size_t n) {
+  ft_arena_at = arena;
+  ft_arena_bytes = n;
+  return 0;
+}
+
+static void ft_wait(int group, long size) {
   if (++ft_arrived[group] == size) {  /* the last to arrive releases the others */
     ft_arrived[group] = 0;
     ft_generation[group]++;
     return;
   }
-  ft_waiting[me] = 1;
-  ft_wait_group[me] = group;
-  ft_wait_gen[me] = ft_generation[group];
-  swapcontext(&ft_fiber[me], &ft_main);
-  threadIdx.x = me;
+  const int me = ft_self;
+  ft_threads[me].waiting = 1;
+  ft_threads[me].group = group;
+  ft_threads[me].generation = ft_generation[group];
+  swapcontext(&ft_threads[me].context, &ft_main);
 }
 
-static int ft_warp_size(int me) {
-  const int first = me / 32 * 32;
+static int ft_warp_size(int t) {
+  const int first = t / 32 * 32;
   return ft_nthreads - first < 32 ? ft_nthreads - first : 32;
 }
-#define __syncthreads() ft_barrier(0, ft_nthreads)
-#define __syncwarp(...) ft_barrier(1 + threadIdx.x / 32, ft_warp_size(threadIdx.x))
+static int ft_block_group() { return 1 + ft_threads[ft_self].block * FT_GROUPS; }
+#define __syncthreads() ft_wait(ft_block_group(), ft_nthreads)
+#define __syncwarp(...) ft_wait(ft_block_group() + 1 + threadIdx.x / 32, ft_warp_size(threadIdx.x))
+/* the persistent kernel's grid barrier: every thread of the grid */
+static void ft_grid_sync() { ft_wait(0, ft_total); }
 
 static void ft_entry(int t) {
   ft_body(ft_body_arg);
-  ft_done[t] = 1;
+  ft_threads[t].done = 1;
 }
 
-/* Runs one block; returns 0, or -1 when its threads wait at barriers that can never open. */
-static int ft_run_block(void (*body)(void*), void* arg, int nthreads) {
-  ft_nthreads = nthreads;
-  ft_body = body;
-  ft_body_arg = arg;
-  memset(ft_arrived, 0, sizeof ft_arrived);
-  memset(ft_generation, 0, sizeof ft_generation);
-  for (int t = 0; t < nthreads; t++) {
-    if (!ft_stacks[t]) ft_stacks[t] = (char*)malloc(FT_STACK);
-    getcontext(&ft_fiber[t]);
-    ft_fiber[t].uc_stack.ss_sp = ft_stacks[t];
-    ft_fiber[t].uc_stack.ss_size = FT_STACK;
-    ft_fiber[t].uc_link = &ft_main;
-    makecontext(&ft_fiber[t], (void (*)(void))ft_entry, 1, t);
-    ft_done[t] = ft_waiting[t] = 0;
-  }
-  for (int finished = 0; finished < nthreads;) {
-    int progress = 0;
-    for (int t = 0; t < nthreads; t++) {
-      if (ft_done[t] || (ft_waiting[t] && ft_generation[ft_wait_group[t]] == ft_wait_gen[t])) continue;
-      ft_waiting[t] = 0;
-      threadIdx.x = t;
-      progress = 1;
-      swapcontext(&ft_main, &ft_fiber[t]);
-      finished += ft_done[t];
-    }
-    if (!progress) return -1;
-  }
-  return 0;
+static int ft_blocked(const ft_thread& th) {
+  return th.done || (th.waiting && ft_generation[th.group] == th.generation);
 }
 
-/* Runs a kernel's grid (trampoline(arg) calls it); returns 0, or 1 + the first block (x + y
-   * gx) whose threads deadlocked at a barrier. */
+/* Runs a kernel's grid (trampoline(arg) calls it), its blocks' threads together. Returns 0;
+   1 + a block (x + y * gx) whose threads wait at a block or warp barrier that the others
+   never reach; or -(1 + a block) whose threads wait at a grid barrier that other threads
+   never reach (they finished: a grid barrier in code not every block runs); FT_TOO_MANY
+   when the grid has more than FT_MAX_FIBERS threads. */
 static int ft_launch(void (*trampoline)(void*), void* arg, long gx, long gy, int nthreads) {
-  for (long y = 0; y < gy; y++)
-    for (long x = 0; x < gx; x++) {
-      blockIdx.x = (unsigned)x;
-      blockIdx.y = (unsigned)y;
-      if (ft_run_block(trampoline, arg, nthreads)) return (int)(1 + x + y * gx);
+  const long blocks = gx * gy;
+  ft_total = blocks * nthreads;
+  if (ft_total > FT_MAX_FIBERS) return FT_TOO_MANY;
+  ft_nthreads = nthreads;
+  ft_body = trampoline;
+  ft_body_arg = arg;
+  gridDim = polyft_dim3{(unsigned)gx, (unsigned)gy, 1};
+  ft_threads = (ft_thread*)calloc(ft_total, sizeof(ft_thread));
+  ft_arrived = (int*)calloc(1 + blocks * FT_GROUPS, sizeof(int));
+  ft_generation = (int*)calloc(1 + blocks * FT_GROUPS, sizeof(int));
+  unsigned char* saved = ft_arena_bytes ? (unsigned char*)malloc(blocks * ft_arena_bytes) : 0;
+  if (saved) memset(saved, 0xff, blocks * ft_arena_bytes);  /* NaNs: a read before a write shows */
+  for (long t = 0; t < ft_total; t++) {
+    if (!ft_stacks[t]) ft_stacks[t] = (char*)malloc(FT_STACK);
+    ft_threads[t].block = (int)(t / nthreads);
+    getcontext(&ft_threads[t].context);
+    ft_threads[t].context.uc_stack.ss_sp = ft_stacks[t];
+    ft_threads[t].context.uc_stack.ss_size = FT_STACK;
+    ft_threads[t].context.uc_link = &ft_main;
+    makecontext(&ft_threads[t].context, (void (*)(void))ft_entry, 1, (int)t);
+  }
+  int result = 0;
+  long current = -1;  /* the block whose shared memory is in the arena */
+  for (long finished = 0; finished < ft_total;) {
+    int progress = 0;
+    for (long b = 0; b < blocks; b++) {
+      for (int ran = 1; ran;) {  /* the block's threads, until none can go on */
+        ran = 0;
+        for (long t = b * nthreads; t < (b + 1) * nthreads; t++) {
+          if (ft_blocked(ft_threads[t])) continue;
+          if (saved && current != b) {
+            if (current >= 0) memcpy(saved + current * ft_arena_bytes, ft_arena_at, ft_arena_bytes);
+            memcpy(ft_arena_at, saved + b * ft_arena_bytes, ft_arena_bytes);
+            current = b;
+          }
+          ft_threads[t].waiting = 0;
+          ft_self = (int)t;
+          threadIdx = polyft_dim3{(unsigned)(t % nthreads), 0, 0};
+          blockIdx = polyft_dim3{(unsigned)(b % gx), (unsigned)(b / gx), 0};
+          swapcontext(&ft_main, &ft_threads[t].context);
+          finished += ft_threads[t].done;
+          ran = progress = 1;
+        }
+      }
     }
-  return 0;
+    if (!progress) {  /* a deadlock: which barrier */
+      for (long t = 0; t < ft_total && !result; t++)
+        if (!ft_threads[t].done && ft_threads[t].group != 0) result = 1 + ft_threads[t].block;
+      for (long t = 0; t < ft_total && !result; t++)
+        if (!ft_threads[t].done) result = -(1 + ft_threads[t].block);
+      break;
+    }
+  }
+  free(saved);
+  free(ft_threads);
+  free(ft_arrived);
+  free(ft_generation);
+  return result;
 }
 
 /* -- warp shuffles ------------------------------------------------------------------------ */

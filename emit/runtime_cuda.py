@@ -1,11 +1,17 @@
-"""The CUDA runtimes: a CudaModule's host driver launches its kernels on a back end.
+"""The CUDA runtimes: a CudaModule's host driver launches its persistent kernel on a back end,
+once per call, on as many blocks as the back end can keep resident at once (`capacity`) and
+no more than the program has instances in a band; every back end counts its launches
+(`launched`).
 
 * `PyCudaRuntime` on `PyCudaBackend` (the `cuda` extra, imported lazily): nvcc through
-  PyCUDA's compiler cache, device buffers, launches checked after every launch.
+  PyCUDA's compiler cache, device buffers, the grid sized from the occupancy of the kernel
+  (its registers and shared memory against the SM's), launch errors checked when the
+  outputs are fetched.
 * `EmulatedRuntime` on `EmulatedBackend`: the same `.cu` compiled as C++ for the CPU with the
-  emulator header (emit/emulate.hpp: threads as fibers, barriers, warp shuffles and WMMA with
-  the tensor cores' rounding), every block run in turn — so CI, which has nvcc but no GPU,
-  checks what the generated CUDA computes, not only that it compiles.
+  emulator header (emit/emulate.hpp: threads as fibers, block, warp and grid barriers, warp
+  shuffles and WMMA with the tensor cores' rounding), a grid of at most `max_blocks` blocks
+  (EMULATED_BLOCKS) run together — so CI, which has nvcc but no GPU, checks what the
+  generated CUDA computes, grid barriers included, not only that it compiles.
 """
 from __future__ import annotations
 
@@ -23,6 +29,10 @@ from .protocol import Runtime
 with open(os.path.join(os.path.dirname(__file__), "emulate.hpp")) as _f:
     EMULATOR = _f.read()
 EMULATED_THREADS = 64  # two warps: block-wide and warp-wide barriers both matter
+# blocks of an emulated grid: more than one, so that the grid barrier and the sharing out of a
+# band's instances matter; few, since the persistent kernel's grid-stride loops take any number
+EMULATED_BLOCKS = 3
+TOO_MANY = -(1 << 30)  # emulate.hpp's FT_TOO_MANY
 
 
 def ctx_dtype(layout, params) -> np.dtype:
@@ -54,12 +64,22 @@ def pack_ctx(layout, params, values: dict, pointers: list, shapes: list) -> np.n
 
 class Backend(ABC):
     """Where a module's kernels run: `upload(array)` and `ctx(struct)` give (handle, device
-    address), `download(handle, array)` the array's contents back, `launch` runs kernel k."""
+    address), `download(handle, array)` the array's contents back, `launch` runs kernel k;
+    `launched` counts the launches so far."""
+
+    launched = 0
+    max_blocks = EMULATED_BLOCKS
+
+    def capacity(self, k: int) -> int:
+        """The most blocks of kernel k that run at once (all resident: its grid barrier needs
+        that)."""
+        return self.max_blocks
 
     def launch(self, k: int, grid: tuple, args: tuple) -> None:
         """Kernel polyft_k<k> on a 1-D or 2-D grid with `args` (the context's address, then longs)."""
         gx, gy = (list(grid) + [1])[:2]
         if gx > 0 and gy > 0:  # an empty grid launches nothing
+            self.launched += 1
             self._launch(k, int(gx), int(gy), args)
 
     @abstractmethod
@@ -103,9 +123,15 @@ class EmulatedBackend(Backend):
     def _launch(self, k, gx, gy, args):
         a = (ctypes.c_long * len(args))(*[int(x) for x in args])
         bad = self._kernels[k](a, gx, gy)
-        if bad:
+        if bad == TOO_MANY:
+            raise DeviceError(f"kernel polyft_k{k}: a {gx}x{gy} grid has too many threads to emulate", op="launch")
+        if bad > 0:
             raise DeviceError(f"kernel polyft_k{k}: in block ({(bad - 1) % gx}, {(bad - 1) // gx}) threads wait "
                               "at barriers the others never reach (a barrier in divergent code)", op="launch")
+        if bad < 0:
+            raise DeviceError(f"kernel polyft_k{k}: in block ({(-bad - 1) % gx}, {(-bad - 1) // gx}) threads wait "
+                              "at a grid barrier that other blocks never reach (they finished: a grid barrier "
+                              "in code not every block runs); on a GPU this hangs", op="launch")
 
 
 class PyCudaBackend(Backend):
@@ -134,32 +160,62 @@ class PyCudaBackend(Backend):
                                op="compile", where="generated CUDA") from None
         self._kernels = [self.module.get_function(f"polyft_k{k}") for k in range(n_kernels)]
         self.threads, self.shared_bytes = threads, shared_bytes
-        device = drv.Context.get_device()
-        most = device.get_attribute(drv.device_attribute.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        self.device = drv.Context.get_device()
+        most = self.device.get_attribute(drv.device_attribute.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
         if shared_bytes > most:
             raise DeviceError(f"a block needs {shared_bytes} bytes of shared memory for its tiles; "
-                              f"{device.name()} allows {most}: use smaller tiles", op="compile")
+                              f"{self.device.name()} allows {most}: use smaller tiles", op="compile")
         if shared_bytes > 48 * 1024:  # beyond the default, a kernel must opt in
             for fn in self._kernels:
                 fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes)
+        self._capacity = [self._resident(fn) for fn in self._kernels]
+
+    def _resident(self, fn) -> int:
+        """Blocks of `fn` resident at once on the whole GPU: per SM, the fewest that its threads,
+        registers (allocated per warp, in units of 256), shared memory (the dynamic arena, the
+        static, and the 1 KB the driver reserves per block) and block slots allow; times the SMs."""
+        attr, fattr = self.drv.device_attribute, self.drv.function_attribute
+        get = self.device.get_attribute
+
+        def optional(name, default):
+            return get(getattr(attr, name)) if hasattr(attr, name) else default
+        warps = -(-self.threads // 32)
+        regs = -(-fn.get_attribute(fattr.NUM_REGS) * 32 // 256) * 256 * warps
+        smem = self.shared_bytes + fn.get_attribute(fattr.SHARED_SIZE_BYTES) + \
+            optional("RESERVED_SHARED_MEMORY_PER_BLOCK", 1024)
+        per_sm = min(get(attr.MAX_THREADS_PER_MULTIPROCESSOR) // self.threads,
+                     get(attr.MAX_REGISTERS_PER_MULTIPROCESSOR) // max(1, regs),
+                     get(attr.MAX_SHARED_MEMORY_PER_MULTIPROCESSOR) // max(1, smem),
+                     optional("MAX_BLOCKS_PER_MULTIPROCESSOR", 16))
+        if per_sm < 1:
+            raise DeviceError(f"a block of {self.threads} threads, {fn.get_attribute(fattr.NUM_REGS)} registers "
+                              f"each and {smem} bytes of shared memory does not fit on an SM of "
+                              f"{self.device.name()}", op="compile")
+        return per_sm * get(attr.MULTIPROCESSOR_COUNT)
+
+    def capacity(self, k: int) -> int:
+        return self._capacity[k]
 
     def upload(self, arr: np.ndarray):
         d = self.drv.to_device(arr)
         return d, int(d)
 
     def download(self, handle, arr: np.ndarray) -> np.ndarray:
-        self.drv.memcpy_dtoh(arr, handle)
+        try:
+            self.drv.memcpy_dtoh(arr, handle)  # waits for the launch: its errors show here
+        except self.drv.Error as e:
+            raise DeviceError(f"the kernel failed: {e}", op="launch") from None
         return arr
 
     def ctx(self, ctx: np.ndarray):
         return self.upload(ctx)
 
     def _launch(self, k, gx, gy, args):
+        """Asynchronous: a benchmark times the launch with events, `download` waits for it."""
         fn = self._kernels[k]
-        fn(np.uintp(args[0]), *[np.int64(a) for a in args[1:]], block=(self.threads, 1, 1),
-           grid=(gx, gy), shared=self.shared_bytes)
         try:
-            self.drv.Context.synchronize()
+            fn(np.uintp(args[0]), *[np.int64(a) for a in args[1:]], block=(self.threads, 1, 1),
+               grid=(gx, gy), shared=self.shared_bytes)
         except self.drv.Error as e:
             raise DeviceError(f"kernel polyft_k{k} (grid {gx}x{gy}) failed: {e}", op="launch") from None
 
@@ -191,8 +247,10 @@ class CudaRuntime(Runtime):
         ctx_handle, ctx_ptr = self.backend.ctx(ctx)
         args = [values[p] for p in params]
 
-        def launch(k, grid, los, outer):
-            self.backend.launch(k, grid, (ctx_ptr, *los, *outer))
+        def launch(k, blocks):
+            """The persistent kernel on `blocks` (None: as many as fit), at most its capacity."""
+            cap = self.backend.capacity(k)
+            self.backend.launch(k, (cap if blocks is None else min(int(blocks), cap),), (ctx_ptr,))
 
         def run():
             self._driver(launch, *args)

@@ -54,6 +54,32 @@ def test_a_barrier_in_divergent_code_is_reported():
         run_kernel("if (blockIdx.x == 1 && threadIdx.x < 32) __syncthreads();", x, grid=(2,))
 
 
+def _other_block_kernel(barrier: bool) -> str:
+    """Each block writes its slice, then reads the next block's (what a persistent kernel's
+    next step does with the last step's results)."""
+    return f"""
+  c->b1[blockIdx.x * FT_THREADS + threadIdx.x] = c->b0[blockIdx.x * FT_THREADS + threadIdx.x] * 2;
+  {"ft_grid_sync();" if barrier else ""}
+  c->b2[blockIdx.x * FT_THREADS + threadIdx.x] = c->b1[((blockIdx.x + 1) % gridDim.x) * FT_THREADS + threadIdx.x];"""
+
+
+@pytest.mark.parametrize("barrier", [True, False])
+def test_a_grid_barrier_makes_another_blocks_write_visible(barrier):
+    """The blocks of a grid run together: a block waits at the grid barrier until every block
+    has reached it. Without it, block 0 runs to its end first and reads block 1's slice
+    before block 1 has written it."""
+    x = np.random.default_rng(3).standard_normal((3, THREADS)).astype(np.float32)
+    mid, out = np.full_like(x, np.nan), np.full_like(x, np.nan)
+    run_kernel(_other_block_kernel(barrier), x, mid, out, grid=(3,))
+    assert np.array_equal(out, np.roll(x * 2, -1, axis=0)) == barrier
+
+
+def test_a_grid_barrier_some_blocks_never_reach_is_reported():
+    x = np.ones(THREADS, np.float32)
+    with pytest.raises(DeviceError, match=r"block \(0, 0\).*grid barrier"):
+        run_kernel("if (blockIdx.x == 0) ft_grid_sync();", x, grid=(2,))
+
+
 def test_blocks_and_threads_cover_the_grid():
     out = np.zeros((3, 2, THREADS), np.float32)
     run_kernel("c->b0[(blockIdx.y * gridx + blockIdx.x) * FT_THREADS + threadIdx.x] = "

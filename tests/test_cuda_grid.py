@@ -1,0 +1,117 @@
+"""The CUDA target's persistent kernel (emit/cuda_host.py): every parallel loop of a band is
+flattened into the blocks' grid-stride loop, the whole schedule is one launch per call, and
+the grid barrier between bands is what makes it correct. Checked on the emulator, whose
+blocks run together as fibers, at grids of 1, 2 and 3 blocks (the kernel takes any grid)."""
+import re
+
+import pytest
+
+import polyft as ft
+from polyft.emit import runtime_cuda
+from polyft.emit.cuda_target import CudaTarget
+from polyft.emit.runtime_cuda import EmulatedBackend
+from polyft.testing import rel_error
+from polyft.workloads import WORKLOADS
+
+pytestmark = pytest.mark.usefixtures("compile_cache")
+
+TOL = 1e-5
+# the lengths (ISL parameters) of the paper's shapes, from each workload's paper preset
+PAPER_LENGTHS = {
+    "stacked_rnn": lambda p: dict(N=p["N"], D=p["D"], L=p["L"]),
+    "stacked_lstm": lambda p: dict(N=p["N"], D=p["D"], L=p["L"]),
+    "dilated_rnn": lambda p: dict(N=p["N"], L=p["L"]),
+    "grid_rnn": lambda p: dict(N=p["N"], D=p["D"], L1=p["L1"], L2=p["L2"]),
+    "b2b_gemm": lambda p: dict(MT=p["M"] // p["tm"], NT=p["N"] // p["tn"]),
+    "flash_attention": lambda p: dict(B=p["B"], NH=p["NH"], TQ=p["Lq"] // p["tq"], TK=p["Lk"] // p["tk"]),
+    "bigbird": lambda p: dict(B=p["B"], NB=p["nb"]),
+}
+H100_SMS = 132
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """name -> the workload compiled from its small specs (once per module)."""
+    return {name: ft.compile(mod.program, *mod.specs("small"), target="cuda-emulated")
+            for name, mod in WORKLOADS.items()}
+
+
+@pytest.mark.parametrize("blocks", [1, 2, 3])
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_equals_eager_on_any_grid_in_one_launch(name, blocks, compiled):
+    mod, prog = WORKLOADS[name], compiled[name]
+    backend = prog._run.backend
+    backend.max_blocks = blocks
+    before = backend.launched
+    inputs = mod.inputs("small", seed=60 + blocks)
+    assert rel_error(prog(*inputs), mod.program(*inputs)) < TOL
+    assert backend.launched == before + 1
+    assert prog.host_driver.count("launch(") == 1
+
+
+def _without_grid_barriers(source: str) -> str:
+    kernel = source.index('extern "C" __global__')
+    return source[:kernel] + source[kernel:].replace("ft_grid_sync();", ";")
+
+
+@pytest.mark.parametrize("name", ["stacked_lstm", "dilated_rnn", "grid_rnn"])
+def test_a_missing_grid_barrier_gives_a_wrong_result(name, compiled):
+    """The kernel's grid barriers removed: one block still computes the right result (it runs
+    every band in order), several do not (a block runs ahead into the next step and reads
+    what the others have not written yet), so the comparisons above can fail."""
+    mod, prog = WORKLOADS[name], compiled[name]
+    inputs = mod.inputs("small", seed=70)
+    want = mod.program(*inputs)
+    spoiled = ft.compile(mod.program, *mod.specs("small"), target="cuda-emulated")
+    spoiled._run.backend = EmulatedBackend(_without_grid_barriers(prog.source), prog.module.arities)
+    spoiled._run.backend.max_blocks = 1
+    assert rel_error(spoiled(*inputs), want) < TOL
+    spoiled._run.backend.max_blocks = 2
+    assert not rel_error(spoiled(*inputs), want) < TOL
+
+
+def _blocks_at(module, lengths: dict):
+    """The blocks the host driver asks for at `lengths` (before the runtime's cap)."""
+    namespace: dict = {}
+    exec(module.host, namespace)
+    asked = []
+    namespace["run"](lambda k, blocks: asked.append(blocks), *[lengths[p] for p in module.params])
+    assert len(asked) == 1
+    return asked[0]
+
+
+# bigbird's tiles do not fit a block at the paper shape (SharedMemoryError, issue 27)
+@pytest.mark.parametrize("name", [n for n in WORKLOADS if n != "bigbird"])
+def test_every_parallel_loop_is_mapped_at_the_paper_shape(name):
+    """No parallel loop runs serially inside a block, and the bands have at least as many
+    instances as an H100 has SMs at the paper's sizes; b2b_gemm's one parallel loop (256 row
+    tiles) has them too, but its block runs a batch of them (sharing the B tiles), so its
+    instances are the batches: all of them at once."""
+    mod = WORKLOADS[name]
+    prog = ft.analyze(mod.program, *mod.specs("paper"))
+    gen = CudaTarget().generate(prog.model, prog.schedule, storage=prog.storage)
+    assert gen.serial == ()
+    assert "//" not in gen.source.split('extern "C" __global__')[1]  # no "runs serially" note
+    lengths = PAPER_LENGTHS[name](mod.PRESETS["paper"])
+    blocks = _blocks_at(gen, lengths)
+    if name == "b2b_gemm":
+        batch = int(re.search(r"const long c1_n = min\((\d+)L", gen.source)[1])
+        assert blocks == -(-lengths["MT"] // batch) and blocks * batch >= H100_SMS
+    else:
+        assert blocks >= H100_SMS
+
+
+def test_inner_parallel_loops_join_the_band():
+    """grid_rnn: the wavefront's cells (c4, c5: a triangle whose bounds name c4) are flattened
+    with the batch tiles over their bounding box, each instance guarded by the loop's bounds;
+    dilated_rnn: each dilation's parallel chains (c4) join the batch tiles."""
+    grid = ft.analyze(WORKLOADS["grid_rnn"].program, *WORKLOADS["grid_rnn"].specs("small"))
+    src = CudaTarget().generate(grid.model, grid.schedule, storage=grid.storage).source
+    assert re.search(r"const long c5 = .*ft_r % ft_n2", src) and re.search(r"if \(.*c5 <= min\(L1 - 1, c3 - c4\)", src)
+    dil = ft.analyze(WORKLOADS["dilated_rnn"].program, *WORKLOADS["dilated_rnn"].specs("small"))
+    src = CudaTarget().generate(dil.model, dil.schedule, storage=dil.storage).source
+    assert src.count("const long c4 = ") >= 2 and src.count("ft_grid_sync();") >= 6
+
+
+def test_emulated_grid_defaults_to_a_few_blocks(compiled):
+    assert compiled["b2b_gemm"]._run.backend.max_blocks == runtime_cuda.EMULATED_BLOCKS > 1
