@@ -59,6 +59,7 @@ ROOFLINE_ASSUMPTION = ("time = launches x launch_s + max(flops / peak, bytes / d
                        "matmul flops at the precision's tensor peak (fp32: fp32_flops), others at "
                        "fp32_flops; low: DRAM at least, high: every global byte from DRAM")
 
+MOVES = ("load", "store")  # operations that move tiles and compute nothing
 ARCH = "sm_90"
 PTXAS_FLAGS = ["-cubin", "-O3", "-std=c++14", "-Xptxas", "-v"]
 
@@ -310,8 +311,8 @@ def _traffic(model, layout, on_chip: set, batched: dict, sizes: dict, l2_bytes: 
                          global_written_bytes=written if glob else 0, distinct_read_bytes=distinct_read,
                          distinct_written_bytes=distinct_written, dram_bytes=dram))
     st = pd.DataFrame(list(per_st.values()))
-    flops = {s.name: (instance_flops(s.ops), instance_flops([op for op in s.ops if op.op == "matmul"]))
-             for s in model.etdg.statements}
+    flops = {s.name: (instance_flops([op for op in s.ops if op.op not in MOVES]),
+                      instance_flops([op for op in s.ops if op.op == "matmul"])) for s in model.etdg.statements}
     st["flops"] = [flops[n][0] * i for n, i in zip(st.statement, st.instances)]
     st["matmul_flops"] = [flops[n][1] * i for n, i in zip(st.statement, st.instances)]
     return st, pd.DataFrame(rows)
