@@ -16,6 +16,7 @@ import inspect
 import itertools
 import sys
 import textwrap
+import threading
 
 import numpy as np
 
@@ -76,13 +77,15 @@ class _TraceState:
         return node
 
 
-_STATE: _TraceState | None = None
+_TRACING = threading.local()  # .state: this thread's trace in progress; threads trace independently
 
 
 def _state() -> _TraceState:
-    if _STATE is None:
-        raise errors.PolyftError("a traced value was used after its trace ended", op="trace")
-    return _STATE
+    st = getattr(_TRACING, "state", None)
+    if st is None:
+        raise errors.PolyftError("a traced value was used after its trace ended (or in another thread than its "
+                                 "trace's)", op="trace")
+    return st
 
 
 # ---------------------------------------------------------------------------------------
@@ -949,10 +952,9 @@ def _input(st, name, arg):
 
 def trace(fn, *args) -> ETDG:
     """Trace `fn` on concrete inputs or `ft.spec`s into an ETDG."""
-    global _STATE
-    if _STATE is not None:
+    if getattr(_TRACING, "state", None) is not None:
         raise errors.PolyftError("trace() called while tracing", op="trace")
-    st = _STATE = _TraceState()
+    st = _TRACING.state = _TraceState()
     try:
         try:
             names = list(inspect.signature(fn).parameters)
@@ -994,7 +996,7 @@ def trace(fn, *args) -> ETDG:
         etdg.captured = list(st.captured.values())
         return etdg
     finally:
-        _STATE = None
+        _TRACING.state = None
 
 
 def _endless_recursion(e: RecursionError) -> TracerControlFlowError:

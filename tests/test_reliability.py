@@ -221,3 +221,58 @@ def test_a_write_into_a_lists_element_is_an_in_place_error():
     at_line(e.value, "list-write-here")
     with pytest.raises(ValueError, match="read-only"):
         xss[0][0][0, 0] = 1.0  # and outside a program, numpy's own error
+
+
+# -- several threads at once ------------------------------------------------------------------------------
+def gated_rows(xs, w, u):
+    return xs.scanl(lambda h, x: ft.tanh(x @ w + h @ u), ft.zeros((1, 16)))
+
+
+def test_tracing_analysis_and_compilation_from_four_threads_at_once():
+    """The trace in progress was module-global: of 12 concurrent compiles 9 raised "trace() called
+    while tracing". Each thread now traces on its own; 4 threads x (trace, analyze, compile, call)
+    give what one thread gives, bit for bit, and what eager execution gives."""
+    import threading
+    xs, w, u = flist([6], (1, 16), 7), rand((16, 16), 8) / 4, rand((16, 16), 9) / 4
+    ready, results, failures = threading.Barrier(4), {}, []
+
+    def work(k):
+        try:
+            ready.wait()
+            etdg = ft.trace(gated_rows, xs, w, u)
+            prog = ft.analyze(gated_rows, xs, w, u)
+            compiled = ft.compile(gated_rows, xs, w, u)
+            compiled.threads.fixed = 1
+            results[k] = (etdg.signature(), str(prog.schedule.map), compiled.source, compiled(xs, w, u).to_numpy())
+        except Exception as e:  # reported below, with the thread
+            failures.append((k, repr(e)))
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert not failures, failures
+    one = ft.compile(gated_rows, xs, w, u)
+    one.threads.fixed = 1
+    expected = (ft.trace(gated_rows, xs, w, u).signature(), str(ft.analyze(gated_rows, xs, w, u).schedule.map),
+                one.source, one(xs, w, u).to_numpy())
+    for k in range(4):
+        assert results[k][:3] == expected[:3]
+        assert np.array_equal(results[k][3], expected[3])
+    assert rel_error(expected[3], gated_rows(xs, w, u).to_numpy()) < 1e-5
+
+
+def test_a_traced_value_used_in_another_thread_is_an_error():
+    import threading
+    kept, seen = [], []
+    ft.trace(lambda xs: xs.map(lambda x: kept.append(x) or x * 2.0), flist([2], (1, 4), 0))
+
+    def elsewhere():
+        try:
+            kept[0] * 3.0
+        except Exception as e:
+            seen.append(e)
+    t = threading.Thread(target=elsewhere)
+    t.start()
+    t.join()
+    assert isinstance(seen[0], ft.errors.PolyftError) and "after its trace ended" in str(seen[0])
