@@ -47,17 +47,19 @@ from .isl_ast import build_ast, call_loops, level, loop_key
 # cost of one kernel launch from the host (launch latency plus the host loop's turn)
 H100 = {"dram_bytes_per_s": 3.35e12, "tensor_flops_fp16": 989e12, "tensor_flops_tf32": 494e12,
         "fp32_flops": 67e12, "sms": 132, "l2_bytes": 50 * 2**20, "launch_s": 4e-6,
-        "threads_per_sm": 2048, "registers_per_sm": 65536, "shared_per_sm": 228 * 1024, "blocks_per_sm": 32}
+        "grid_sync_s": 1e-6, "threads_per_sm": 2048, "registers_per_sm": 65536, "shared_per_sm": 228 * 1024, "blocks_per_sm": 32}
 
 DRAM_ASSUMPTION = ("DRAM at least: the distinct elements of the inputs read and of the outputs "
                    "written, once each, plus, for an intermediate in global memory larger than the "
                    "L2, its distinct elements written and read once each; an intermediate that fits "
                    "in the L2 and every repeated access are assumed L2 hits")
 
-ROOFLINE_ASSUMPTION = ("time = launches x launch_s + max(flops / peak, bytes / dram_bytes_per_s) / "
-                       "utilisation, utilisation = the mean over launches of min(1, blocks / sms); "
-                       "matmul flops at the precision's tensor peak (fp32: fp32_flops), others at "
-                       "fp32_flops; low: DRAM at least, high: every global byte from DRAM")
+ROOFLINE_ASSUMPTION = ("time = launches x launch_s + (steps - launches) x grid_sync_s + max(flops / peak, "
+                       "bytes / dram_bytes_per_s) / utilisation; steps: the schedule's sequential steps, each "
+                       "ending in a launch or a grid barrier; utilisation: the mean over launches of "
+                       "min(1, blocks / sms); matmul flops at the precision's tensor peak (fp32: fp32_flops), "
+                       "others at fp32_flops; low: bytes = DRAM at least, high: bytes = the global bytes with "
+                       "a batch's common loads shared, all from DRAM")
 
 MOVES = ("load", "store")  # operations that move tiles and compute nothing
 ARCH = "sm_90"
@@ -79,27 +81,35 @@ class GpuProfile:
     notes: list = field(default_factory=list)
 
     def __str__(self) -> str:
-        t = self.totals
-        lines = ["kernels (per call):", self.kernels.to_string(index=False), "",
-                 "buffers:", self.buffers.to_string(index=False), "",
+        t, mb = self.totals, lambda n: f"{n / 1e6:,.1f}"
+        k = self.kernels
+        kernels = pd.DataFrame({"kernel": k.kernel, "launches": k.launches,
+                                "blocks": [f"{lo}-{hi}" if lo != hi else f"{lo}" for lo, hi in zip(k.blocks_min, k.blocks_max)],
+                                "resident": k.resident_blocks, "instances": k.instances_max, "threads": k.threads,
+                                "smem dyn+static": [f"{d}+{st}" for d, st in zip(k.shared_dynamic, k.shared_static)],
+                                "regs": k.registers, "spills st/ld": [f"{a}/{b}" for a, b in zip(k.spill_stores, k.spill_loads)],
+                                "stack": k["stack"]})
+        b = self.buffers
+        buffers = pd.DataFrame({"buffer": b.buffer, "role": b.role, "placement": b.placement,
+                                "stored MB": b.stored_bytes.map(mb), "read MB": b.global_read_bytes.map(mb),
+                                "read (shared) MB": b.shared_read_bytes.map(mb),
+                                "written MB": b.global_written_bytes.map(mb), "DRAM MB": b.dram_bytes.map(mb)})
+        lines = ["kernels (blocks: per launch; resident: blocks that fit at once; instances: the most a band has "
+                 "at once):", kernels.to_string(index=False), "",
+                 "buffers (bytes per call to and from global memory; shared: a batch's common loads once):",
+                 buffers.to_string(index=False), "",
                  "per call:",
-                 f"  launches {t.launches}, blocks per launch {t.blocks_min}-{t.blocks_max}",
-                 f"  global bytes {_mb(t.global_bytes)} (read {_mb(t.global_read_bytes)}, "
-                 f"written {_mb(t.global_written_bytes)}); {_mb(t.shared_bytes)} if a batch's instances "
-                 f"share their common loads; inputs+outputs {_mb(t.io_bytes)}; ratio {t.global_ratio:.2f} "
-                 f"({t.shared_ratio:.2f} shared)",
-                 f"  DRAM at least {_mb(t.dram_bytes)} (ratio {t.dram_ratio:.2f} to inputs+outputs); "
-                 f"L2 may absorb {_mb(t.global_bytes - t.dram_bytes)}",
-                 f"  flops {t.flops:.4g} (matmul {t.matmul_flops:.4g}); registers max {t.registers_max}, "
-                 f"spills {t.spill_bytes}",
-                 f"  roofline time {t.time_low_us:.1f} - {t.time_high_us:.1f} us",
+                 f"  launches {t.launches}, blocks per launch {t.blocks_min}-{t.blocks_max}, sequential steps "
+                 f"(grid barriers) {t.steps}",
+                 f"  global MB {mb(t.global_bytes)} per instance, {mb(t.shared_bytes)} with a batch's common loads "
+                 f"shared; inputs+outputs MB {mb(t.io_bytes)}: ratio {t.global_ratio:.2f}, {t.shared_ratio:.2f} shared",
+                 f"  DRAM MB at least {mb(t.dram_bytes)}: ratio {t.dram_ratio:.2f} to inputs+outputs",
+                 f"  GFLOP {t.flops / 1e9:,.2f} (matmul {t.matmul_flops / 1e9:,.2f}); registers max {t.registers_max}, "
+                 f"spilled bytes {t.spill_bytes}",
+                 f"  roofline time {t.time_low_us / 1e3:,.3f} - {t.time_high_us / 1e3:,.3f} ms",
                  "", "assumptions: " + ", ".join(f"{k}={v:g}" for k, v in self.assumptions.items()),
                  f"  {DRAM_ASSUMPTION}", f"  {ROOFLINE_ASSUMPTION}"]
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
-
-
-def _mb(n) -> str:
-    return f"{n / 1e6:.3f} MB"
 
 
 def profile(module, model, schedule, sizes: dict, precision: str = "fp32", **assumptions) -> GpuProfile:
@@ -132,7 +142,11 @@ def profile(module, model, schedule, sizes: dict, precision: str = "fp32", **ass
     concrete = model if all(p in model.sizes for p in model.params) else build(model.etdg, sizes)
     statements, buffers = _traffic(concrete, module.layout, on_chip, batches(model, schedule), sizes,
                                    dev["l2_bytes"])
-    totals = _totals(kernels, statements, buffers, grids, dev, precision)
+    steps = _steps(model, schedule)
+    if steps is None:
+        notes.append("grid barriers are not in the time: the sequential steps need a program built for these "
+                     "lengths (ft.analyze(..., sizes=...) or concrete inputs)")
+    totals = _totals(kernels, statements, buffers, grids, steps, dev, precision)
     if len(kernels) == 1:  # the call's bytes and time are the kernel's
         for col in ("global_bytes", "dram_bytes", "flops", "time_low_us", "time_high_us"):
             kernels[col] = [totals[col]]
@@ -318,7 +332,13 @@ def _traffic(model, layout, on_chip: set, batched: dict, sizes: dict, l2_bytes: 
     return st, pd.DataFrame(rows)
 
 
-def _totals(kernels, statements, buffers, grids, dev: dict, precision: str) -> pd.Series:
+def _steps(model, schedule) -> int | None:
+    """The schedule's sequential steps (None where it was built without the lengths:
+    schedule.sequential_steps needs them)."""
+    return schedule.sequential_steps if all(p in model.sizes for p in model.params) else None
+
+
+def _totals(kernels, statements, buffers, grids, steps, dev: dict, precision: str) -> pd.Series:
     io = int(buffers.full_bytes[buffers.role.isin(["input", "output"])].sum())
     read, written = int(buffers.global_read_bytes.sum()), int(buffers.global_written_bytes.sum())
     shared = int(buffers.shared_read_bytes.sum()) + written
@@ -328,7 +348,7 @@ def _totals(kernels, statements, buffers, grids, dev: dict, precision: str) -> p
     compute = mm / peak + (flops - mm) / dev["fp32_flops"]
     blocks = [b for _, b, _ in grids if b is not None]
     util = float(np.mean([min(1.0, b / dev["sms"]) for b in blocks])) if blocks else 1.0
-    overhead = len(grids) * dev["launch_s"]
+    overhead = len(grids) * dev["launch_s"] + max(0, (steps or 0) - len(grids)) * dev["grid_sync_s"]
     regs = [r for r in kernels.registers if r is not None]
     spills = [s for s in list(kernels.spill_stores) + list(kernels.spill_loads) if s is not None]
     return pd.Series(dtype=object, data=dict(
@@ -338,6 +358,6 @@ def _totals(kernels, statements, buffers, grids, dev: dict, precision: str) -> p
         global_ratio=(read + written) / io if io else float("nan"), dram_bytes=dram,
         dram_ratio=dram / io if io else float("nan"), flops=flops, matmul_flops=mm,
         registers_max=max(regs) if regs else None, spill_bytes=sum(spills) if spills else None,
-        utilisation=util,
+        utilisation=util, steps=steps,
         time_low_us=1e6 * (overhead + max(compute, dram / dev["dram_bytes_per_s"]) / util),
-        time_high_us=1e6 * (overhead + max(compute, (read + written) / dev["dram_bytes_per_s"]) / util)))
+        time_high_us=1e6 * (overhead + max(compute, shared / dev["dram_bytes_per_s"]) / util)))
