@@ -5,6 +5,7 @@ is a pointer into the buffer, never a copy.
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 import cgen
@@ -103,6 +104,14 @@ def cond_c(c: Constraint, dim, param) -> str:
     return f"{e} >= 0" if c.kind == "ge" else f"{e} == 0"
 
 
+def _start(init_row, init_scale, r, q) -> str:
+    """A plain-loop GEMM's start for out[r, q]: 0, x[r, q], or scale[r] * x[r, q]."""
+    if init_row is None:
+        return "0"
+    x = f"({init_row(r)})[{q}]"
+    return x if init_scale is None else f"{init_scale(r)} * {x}"
+
+
 def shared_matmul_work(ops, d) -> int:
     """Multiply-adds of the shared matmuls of dim d (what a tile of it gains)."""
     return sum(math.prod(op.inputs[0].shape) * op.shape[-1] for op in shared_matmuls(ops, d))
@@ -161,6 +170,7 @@ class StatementBody:
         self.sums: dict = {}  # add -> the two matmuls it sums, computed as one GEMM (_matmul_sums)
         self.accumulates: dict = {}  # add -> (matmul, tile) computed as one GEMM from the tile (_matmul_accumulates)
         self._in_batch = False  # generating the body of the per-instance `_b` loop
+        self.single: set = set()  # batched values kept for one instance at a time (_instance_major)
         self.lines: list = []
         self.temps: list = []  # (declaration line, name, C type, bytes) of the tile temporaries
         self.scratch_bytes = 0  # of the thread's scratch the temporaries take (0: on the stack)
@@ -168,7 +178,7 @@ class StatementBody:
     # -- operands ---------------------------------------------------------------------
     def _ref(self, op) -> str:
         """C expression of an operation's value (this instance's, inside the `_b` loop)."""
-        if op not in self.batched or not self._in_batch:
+        if op not in self.batched or not self._in_batch or op in self.single:
             return f"v{op.id}"
         if op.op == "load":
             return f"v{op.id}[_b]"
@@ -218,7 +228,7 @@ class StatementBody:
     def _decl(self, op):
         if self._in_batch:
             return  # declared once, before the `_b` loop
-        n = max(1, math.prod(op.shape)) * (self.batch[1] if op in self.batched else 1)
+        n = max(1, math.prod(op.shape)) * (self.batch[1] if op in self.batched and op not in self.single else 1)
         line = cgen.ArrayOf(cgen.POD(native_dtype(op.dtype), f"v{op.id}"), n)
         self.temps.append((line, f"v{op.id}", ctype(op.dtype), n * native_dtype(op.dtype).itemsize))
         self.lines.append(line)
@@ -248,19 +258,151 @@ class StatementBody:
             self.batched = self._depends_on_batch()
         self.sums = self._matmul_sums()
         self.accumulates = self._matmul_accumulates()
-        fused = {mm for pair in self.sums.values() for mm in pair} | {mm for mm, _ in self.accumulates.values()}
-        for op in self.ops:
-            if op in fused:
-                continue  # computed by the GEMM of the sum it feeds
-            if op in self.batched:
-                self._batched(op)
-            elif op in self.sums:
-                self._decl(op)
-                self.lines += self._gemm_of(op, self.sums[op])
-            else:
-                self._handler(op)(op)
+        fused = {mm: op for op, pair in self.sums.items() for mm in pair}
+        fused.update({node: op for op, (*_, nodes) in self.accumulates.items() for node in nodes})
+        ops = [op for op in self.ops if op not in fused]  # the rest computed by the GEMM of the sum they feed
+        self.readers = {op: set() for op in ops}  # op -> the operations that read its value
+        for op in ops:
+            for a in [x for x in op.inputs if isinstance(x, OpNode)]:
+                for src in a.inputs if a in fused else [a]:  # a fused matmul's inputs feed its sum's GEMM
+                    if isinstance(src, OpNode) and src in self.readers:
+                        self.readers[src].add(op)
+        if self.batch is not None:
+            self._instance_major(ops)
+        else:
+            self._in_order(ops, self._unbatched, lambda group: self.lines.append(self._fused(group)))
         self._spill()
         return self.lines
+
+    def _unbatched(self, op):
+        if op in self.sums:
+            self._decl(op)
+            self.lines += self._gemm_of(op, self.sums[op])
+        else:
+            self._handler(op)(op)
+
+    def _fusable(self, op) -> bool:
+        return (op.op in UNARY or op.op in BINARY) and op not in self.accumulates and op not in self.sums
+
+    def _in_order(self, ops, emit, emit_fused):
+        """`emit(op)` for each operation, except that consecutive elementwise ones of one shape
+        go to `emit_fused(group)` together (a load between them only sets a pointer)."""
+        group: list = []
+        for op in ops:
+            if self._fusable(op) and (not group or tuple(group[0].shape) == tuple(op.shape)):
+                group.append(op)
+                continue
+            if group and op.op != "load":
+                emit_fused(group)
+                group = []
+            if self._fusable(op):
+                group = [op]
+            else:
+                emit(op)
+        if group:
+            emit_fused(group)
+
+    def _fused(self, group) -> cgen.Generable:
+        """One loop over the elements for a run of elementwise operations of one shape: each
+        value is a scalar, stored to its tile only where an operation outside the run reads it
+        (declared by the caller: `_kept`), so a chain like exp(s - m) is one pass, not two."""
+        kept = self._kept(group)
+        if not self._in_batch:
+            for op in kept:
+                self._decl(op)
+        return self._loops(group[0].shape, lambda idx: self._chain(group, kept, idx), "_e")
+
+    def _chain(self, group, kept, idx, store=lambda op, assign: [assign]) -> list:
+        """The lines computing a fused run's values at element `idx` as scalars `_t<id>`, and
+        storing those `kept` (`store(op, assignment)` wraps each store)."""
+        members, lines = set(group), []
+        for op in group:
+            vals = []
+            for a in op.inputs:
+                if isinstance(a, OpNode) and a in members:
+                    vals.append(cast(f"_t{a.id}", a.dtype, op.dtype))
+                else:
+                    name, shape, dtype = self._operand(a)
+                    vals.append(cast(self._at(name, shape, op.shape, idx), dtype, op.dtype))
+            if op.op in UNARY:
+                expr = UNARY[op.op].format(x=vals[0] if vals else "0", f=self._f(op))
+            else:
+                expr = BINARY[op.op].format(a=vals[0], b=vals[1], f=self._f(op))
+            lines.append(cgen.Line(f"const {ctype(op.dtype)} _t{op.id} = {expr};"))
+            if op in kept:
+                lines += store(op, cgen.Assign(f"{self._ref(op)}[{self._flat(op.shape, idx)}]", f"_t{op.id}"))
+        return lines
+
+    def _kept(self, group) -> list:
+        """The operations of a fused run whose value something outside the run reads (or nothing
+        does: a statement's value is never dropped unseen)."""
+        return [op for op in group if not self.readers[op] or self.readers[op] - set(group)]
+
+    def _across(self, op) -> bool:
+        """A batched operation over all the batch's instances at once: a GEMM of every
+        instance's rows by one shared matrix."""
+        return (op.op == "matmul" and self._shared_right(op)) or op in self.sums
+
+    def _instance_major(self, ops):
+        """A batch's operations, each run of per-instance ones (between the GEMMs over all
+        instances) in one loop over the instances, so an instance goes through the whole run
+        before the next starts: a value used only inside its run is kept for one instance
+        (`single`) and stays in the L1 cache, instead of TB tiles written by one pass and read
+        back by the next (flash attention: 16 instances of 4-8 KB tiles a pass). Operations
+        that do not depend on the batch are computed once, before the run."""
+        run_of, k = {}, 0
+        for op in ops:
+            if op in self.batched and self._across(op):
+                k += 1
+            elif op in self.batched:
+                run_of[op] = k
+        self.single = {op for op, r in run_of.items() if op.op not in ("load", "store")
+                       and all(run_of.get(u) == r for u in self.readers[op])}
+        run = {"body": None, "stored": False}  # the open run's loop body; whether it stores yet
+
+        def close():
+            if run["body"] is not None:
+                self.lines.append(cgen.For("int _b = 0", "_b < _nb", "_b++", cgen.Block(run["body"])))
+            run.update(body=None, stored=False)
+
+        def inside(emit, declare):
+            """Emit into the open run's loop body; `declare` what lives outside it."""
+            declare()
+            outer, self.lines = self.lines, []
+            self._in_batch = True
+            lines = emit()
+            run["body"] = (run["body"] or []) + (self.lines if lines is None else lines)
+            self._in_batch = False
+            self.lines = outer
+
+        def one(op):
+            if op not in run_of:
+                if op in self.batched or (run["stored"] and op.op == "store"):
+                    close()
+                self._batched(op) if op in self.batched else self._unbatched(op)
+                return
+
+            def declare():
+                if op.op == "load":
+                    self.lines.append(cgen.Line(f"const {ctype(op.dtype)}* v{op.id}[{self.batch[1]}];"))
+                elif op.op != "store":
+                    self._decl(op)
+
+            def emit():
+                self._handler(op)(op)
+                return self._reused(op, self.lines)
+            inside(emit, declare)
+            run["stored"] = run["stored"] or op.op == "store"
+
+        def fused(group):
+            for _, part in itertools.groupby(group, key=lambda op: op in run_of):
+                part = list(part)
+                if part[0] in run_of:
+                    inside(lambda: [self._fused(part)], lambda: [self._decl(op) for op in self._kept(part)])
+                else:  # computed once, before the run
+                    self.lines.append(self._fused(part))
+        self._in_order(ops, one, fused)
+        close()
 
     def _depends_on_batch(self) -> set:
         return depends_on(self.ops, self.batch[0])
@@ -296,10 +438,12 @@ class StatementBody:
 
     def _matmul_accumulates(self) -> dict:
         """`x + p @ v` (an add of a float tile x and a matmul used nowhere else, of one shape,
-        not already a sum of two matmuls): add -> (matmul, x), computed as one GEMM whose
-        accumulators start from x's rows, so neither the product nor the sum is a separate pass
-        (flash attention's `alpha * o + p @ v`). Per instance where batched, with the per-instance
-        right operand the batch's GEMM over all its rows does not take."""
+        not already a sum of two matmuls): add -> (matmul, x, scale, the nodes the GEMM
+        computes), computed as one GEMM whose accumulators start from x's rows, so neither the
+        product nor the sum is a separate pass. Where x is `a * y` (a column a of one value a
+        row, used nowhere else), they start from a[r] * y's rows: flash attention's
+        `alpha * o + p @ v` is then one pass over o. Per instance where batched, with the
+        per-instance right operand the batch's GEMM over all its rows does not take."""
         if not self.ACCUMULATE:
             return {}
         uses = self._uses()
@@ -310,22 +454,32 @@ class StatementBody:
                 continue
             mm, x = mms[0], op.inputs[1 if op.inputs[0] is mms[0] else 0]
             batched = op in self.batched
-            if isinstance(x, OpNode) and uses[mm] == 1 and ctype(op.dtype) == ctype(x.dtype) == ctype(mm.dtype) == "float" \
-                    and tuple(mm.shape) == tuple(x.shape) == tuple(op.shape) \
-                    and all(len(self._operand(a)[1]) == 2 for a in mm.inputs) \
-                    and (mm in self.batched) == (x in self.batched) == batched \
-                    and not (batched and self._shared_right(mm)):
-                out[op] = (mm, x)
+            if not isinstance(x, OpNode) or uses[mm] != 1 or ctype(op.dtype) != "float" \
+                    or any(len(self._operand(a)[1]) != 2 for a in mm.inputs) \
+                    or (batched and self._shared_right(mm)) or (mm in self.batched) != batched:
+                continue
+            starts = [(x, None, (mm,))]
+            if x.op == "mul" and uses[x] == 1 and len(x.inputs) == 2:
+                starts = [(y, a, (mm, x)) for a, y in (x.inputs, x.inputs[::-1])
+                          if self._operand(a)[1:] == ((op.shape[0], 1), "float32")] + starts
+            for y, scale, nodes in starts:
+                if isinstance(y, OpNode) and tuple(y.shape) == tuple(op.shape) == tuple(mm.shape) \
+                        and ctype(y.dtype) == ctype(mm.dtype) == "float" and (y in self.batched) == batched:
+                    out[op] = (mm, y, scale, nodes)
+                    break
         return out
 
     def _accumulate(self, op):
-        """op = x + a @ b (self.accumulates): the GEMM's accumulators start from x's rows."""
-        mm, x = self.accumulates[op]
+        """op = x + a @ b, or scale * x + a @ b (self.accumulates): the GEMM's accumulators
+        start from x's rows (times the scale's)."""
+        mm, x, scale, _ = self.accumulates[op]
         (a, (P, K), _), b = self._left_operand(mm.inputs[0]), self._right(mm)
         self._decl(op)
         o, xr, Q = self._ref(op), self._ref(x), op.shape[1]
+        sr = None if scale is None else self._operand(scale)[0]
         self.lines += self._gemm(str(P), [(K, lambda r: f"{a} + ({r})*{K}", b)], Q, lambda r: f"{o} + ({r})*{Q}",
-                                 "float", init_row=lambda r: f"{xr} + ({r})*{Q}")
+                                 "float", init_row=lambda r: f"{xr} + ({r})*{Q}",
+                                 init_scale=None if sr is None else lambda r: f"{sr}[{r}]")
 
     def _shared_right(self, mm) -> bool:
         return not (isinstance(mm.inputs[1], OpNode) and mm.inputs[1] in self.batched)
@@ -358,8 +512,10 @@ class StatementBody:
         loads = [a for a in op.inputs if isinstance(a, OpNode)]
         if op.op not in self.REUSE or not loads or any(a.op != "load" or a not in self.batched for a in loads):
             return lines
-        n = max(1, math.prod(op.shape))
         same = " && ".join(f"v{a.id}[_b] == v{a.id}[_b - 1]" for a in loads)
+        if op in self.single:  # its one tile still holds the previous instance's result
+            return [cgen.If(f"!(_b > 0 && {same})", cgen.Block(lines))]
+        n = max(1, math.prod(op.shape))
         copy = cgen.Statement(f"memcpy(v{op.id} + _b*{n}, v{op.id} + (_b - 1)*{n}, {n} * sizeof *v{op.id})")
         return [cgen.If(f"_b > 0 && {same}", cgen.Block([copy]), cgen.Block(lines))]
 
@@ -400,21 +556,21 @@ class StatementBody:
         return (self.buffer_ref(pc.buffer, [self._index(ix) for ix in pc.index], packed=True),
                 panel_width(self.kernel, mm.shape[1]))
 
-    def _gemm(self, nrows: str, terms: list, Q: int, out_row, t: str, init_row=None) -> list:
+    def _gemm(self, nrows: str, terms: list, Q: int, out_row, t: str, init_row=None, init_scale=None) -> list:
         """out[r, :] = sum of a[r, :] @ b over the (K, a_row, (b, panel)) `terms`, for r <
         nrows: a register-blocked micro-kernel (MR rows x NV vectors of L floats, `ft_vec`,
         accumulated over every term's K and stored once; self.kernel, chosen for the ISA:
         emit/isa.py) when L divides Q, else plain loops. `a_row(r)` / `out_row(r)` are C
         pointers to row r; `b` points to the right matrix, row-major (panel None) or packed in
         panels of `panel` columns. With `init_row(r)`, out = that row + the products (the
-        accumulators start from it)."""
+        accumulators start from it), times `init_scale(r)` where given."""
         MR, NV, L = self.kernel
         NV = NV if Q % (L * NV) == 0 else 1
         if Q % L or t != "float":
             assert all(panel is None for *_, (_, panel) in terms)
             body = [cgen.Line(f"{t}* restrict _o = {out_row('_r')};"),
                     cgen.For("int _q = 0", f"_q < {Q}", "_q++",
-                             cgen.Assign("_o[_q]", f"({init_row('_r')})[_q]" if init_row else "0"))]
+                             cgen.Assign("_o[_q]", _start(init_row, init_scale, "_r", "_q")))]
             for K, a_row, (b, _) in terms:
                 body.append(cgen.Block([
                     cgen.Line(f"const {t}* restrict _a = {a_row('_r')};"),
@@ -430,10 +586,13 @@ class StatementBody:
             rows += [cgen.Line(f"_a{k}[_i] = {a_row('_r')};") for k, (_, a_row, _) in enumerate(terms)]
             rows += [cgen.Line(f"_o[_i] = {out_row('_r')};")]
             rows += [cgen.Line(f"_x[_i] = {init_row('_r')};")] if init_row else []
+            rows += [cgen.Line(f"_s[_i] = {init_scale('_r')};")] if init_scale else []
             if init_row:  # the accumulators start from the tile's rows
                 start = [cgen.Line(f"ft_vec {', '.join(c for row in acc for c in row)};")] + [
                     cgen.Statement(f"memcpy(&{acc[i][v]}, _x[{i}] + _q0 + {L * v}, sizeof {acc[i][v]})")
                     for i in range(MR) for v in range(NV)]
+                start += [cgen.Statement(f"{acc[i][v]} *= _s[{i}]") for i in range(MR) for v in range(NV)
+                          if init_scale]
             else:
                 start = [cgen.Line(f"ft_vec {', '.join(f'{c} = {{0}}' for row in acc for c in row)};")]
             steps = []
@@ -451,7 +610,7 @@ class StatementBody:
                     cgen.If(f"_r0 + {i} < {nrows}", cgen.Block(store[i::MR])) for i in range(MR)]))]
             return cgen.For(f"int _r0 = {first}", last, f"_r0 += {MR}", cgen.Block([
                 cgen.Line(" ".join(f"const {t}* _a{k}[{MR}];" for k in range(len(terms))) + f" {t}* _o[{MR}];"
-                          + (f" const {t}* _x[{MR}];" if init_row else "")),
+                          + (f" const {t}* _x[{MR}];" if init_row else "") + (f" {t} _s[{MR}];" if init_scale else "")),
                 cgen.For("int _i = 0", f"_i < {MR}", "_i++", cgen.Block(rows)),
                 cgen.For("int _q0 = 0", f"_q0 < {Q}", f"_q0 += {L * NV}", cgen.Block([
                     *start] + steps + store))]))
@@ -479,10 +638,6 @@ class StatementBody:
         if op in self.accumulates:
             return self._accumulate
         handler = getattr(self, f"_op_{op.op}", None)
-        if handler is None and op.op in UNARY:
-            handler = self._unary
-        elif handler is None and op.op in BINARY:
-            handler = self._binary
         if handler is None:
             raise CompileError(f"no kernel for the operation {op.op} (shape {list(op.shape)})",
                                op="emit", where=op.where)
@@ -490,27 +645,6 @@ class StatementBody:
 
     def _f(self, op):
         return "f" if op.dtype == "float32" else ""
-
-    def _unary(self, op):
-        self._decl(op)
-        name, shape, dt = self._operand(op.inputs[0]) if op.inputs else (None, (), None)
-        tmpl = UNARY[op.op]
-        o = self._ref(op)
-        self.lines.append(self._loops(op.shape, lambda idx: [cgen.Assign(
-            f"{o}[{self._flat(op.shape, idx)}]",
-            tmpl.format(x=cast(self._at(name, shape, op.shape, idx), dt, op.dtype) if name else "0",
-                        f=self._f(op)))], "_e"))
-
-    def _binary(self, op):
-        self._decl(op)
-        (a, sa, da), (b, sb, db) = self._operand(op.inputs[0]), self._operand(op.inputs[1])
-        o = self._ref(op)
-        tmpl = BINARY[op.op]
-        self.lines.append(self._loops(op.shape, lambda idx: [cgen.Assign(
-            f"{o}[{self._flat(op.shape, idx)}]",
-            tmpl.format(a=cast(self._at(a, sa, op.shape, idx), da, op.dtype),
-                        b=cast(self._at(b, sb, op.shape, idx), db, op.dtype), f=self._f(op)))],
-            "_e"))
 
     def _left_operand(self, a):
         """The left matmul operand (the CUDA target stages it in shared memory)."""

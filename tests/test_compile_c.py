@@ -542,12 +542,47 @@ def test_transposes_by_blocks_and_rows(shape):
     assert_same(prog(xs, w), f(xs, w))
 
 
-def test_a_transpose_shared_by_a_tiles_instances_is_copied():
-    """Flash attention's 4 query tiles of a head read one key tile: in a batch of instances the
-    k.T of an instance whose key tile is the previous one's is a copy of it (the rest are
-    transposed), and the result is the eager one."""
+def test_a_transpose_shared_by_a_tiles_instances_is_reused():
+    """Flash attention's 4 query tiles of a head read one key tile: in a batch of instances,
+    run instance by instance, the k.T of an instance whose key tile is the previous one's is
+    not computed again (its tile still holds it), and the result is the eager one."""
     from polyft.workloads import flash_attention
     inputs = flash_attention.inputs("small", seed=3, B=2, NH=3, Lq=32, Lk=24, tq=8, tk=8, d=16)
     prog = ft.compile(flash_attention.program, *inputs)
-    assert re.search(r"if \(_b > 0 && v\d+\[_b\] == v\d+\[_b - 1\]\)", prog.source)
+    assert re.search(r"if \(!\(_b > 0 && v\d+\[_b\] == v\d+\[_b - 1\]\)\)", prog.source)
     assert_same(prog(*inputs), flash_attention.program(*inputs))
+
+
+def test_a_transpose_a_gemm_over_the_batch_reads_is_copied():
+    """A transpose that a GEMM over all the batch's instances reads keeps a tile per instance:
+    an instance whose input is the previous one's copies that one's tile."""
+    def f(ks, qss, w):
+        return ft.map(lambda k, qs: qs.map(lambda q: (ft.transpose(k) @ w) + q), ks, qss)
+    ks, qss, w = flist([3], [8, 16], 1), flist([3, 4], [16, 8], 2), rand((8, 8), 3)
+    prog = ft.compile(f, ks, qss, w)
+    assert re.search(r"if \(_b > 0 && v\d+\[_b\] == v\d+\[_b - 1\]\)", prog.source)
+    assert_same(prog(ks, qss, w), f(ks, qss, w))
+
+
+def test_a_batch_runs_instance_by_instance_with_fused_elementwise_chains():
+    """A tile of a map's instances runs its per-instance operations one instance at a time:
+    a tile used only by the next operations of the same instance is declared for one
+    instance, not the batch's 16; a chain of elementwise operations of one shape is one loop
+    whose inner values are never stored (exp(s - m) below: `s - m` has no tile), while a value
+    also read after a GEMM over all instances keeps a tile per instance. 19 instances: a full
+    batch and a partial one."""
+    def f(xs, w):
+        def row(x):
+            s = x @ x.T                                   # per instance: one instance's tile
+            p = ft.exp(s - ft.max(s, axis=1, keepdims=True))
+            h = ft.tanh(p @ x)                            # read by the GEMM over all instances
+            return (h @ w) * h
+        return xs.map(row)
+    xs, w = flist([19], [8, 16], 1), rand((16, 16), 2) / 4
+    prog = ft.compile(f, xs, w)
+    body = prog.source[prog.source.index("static void S_"):]
+    assert re.search(r"float v\d+\[64\];", body)            # s, p: one instance's 8 x 8
+    assert re.search(r"float v\d+\[2048\];", body)          # h: 16 instances' 8 x 16
+    assert re.search(r"const float _t\d+ = \(v\d+\[_e0\*8 \+ _e1\]\) - \(v\d+\[_e0\]\);\n\s*"
+                     r"const float _t\d+ = ft_expf\(_t\d+\);", body)
+    assert_same(prog(xs, w), f(xs, w))

@@ -302,3 +302,32 @@ def test_a_tile_plus_a_matmul_is_one_gemm(kernel, Q):
     prog = ft.compile(used_twice, ps, vs, os_)
     assert accumulated(prog.source) == 0 and "_o[_q] = (" not in prog.source
     assert_same(prog(ps, vs, os_), used_twice(ps, vs, os_))
+
+
+@pytest.mark.parametrize("Q", [64, 40])
+def test_a_scaled_tile_plus_a_matmul_starts_from_the_scaled_rows(kernel, Q):
+    """`a * o + p @ v` with a a column (one value a row; flash attention's alpha): the GEMM's
+    accumulators start from a[r] * o's rows (no pass writes a * o), either operand order, in
+    the micro-kernel and in the plain loops (40 columns). Where a * o is also used elsewhere
+    the GEMM starts from it, computed once."""
+    def update(ps, vs, os_, as_):
+        return ft.map(lambda p, v, o, a: a * o + p @ v, ps, vs, os_, as_)
+
+    def swapped(ps, vs, os_, as_):
+        return ft.map(lambda p, v, o, a: o * a + p @ v, ps, vs, os_, as_)
+
+    def scaled_twice(ps, vs, os_, as_):
+        def f(p, v, o, a):
+            x = a * o
+            return x + p @ v, ft.tanh(x)
+        return ft.map(f, ps, vs, os_, as_)
+    ps, vs, os_ = flist([19], [5, 32], 1), flist([19], [32, Q], 2), flist([19], [5, Q], 3)
+    as_ = flist([19], [5, 1], 4)
+    for fn in (update, swapped):
+        prog = ft.compile(fn, ps, vs, os_, as_)
+        assert ("_s[_i] = " in prog.source) == (Q % kernel[2] == 0)
+        assert bool(re.search(r"_o\[_q\] = v\d+(\[_b\])?\[_r\] \* \(", prog.source)) == (Q % kernel[2] != 0)
+        assert_same(prog(ps, vs, os_, as_), fn(ps, vs, os_, as_))
+    prog = ft.compile(scaled_twice, ps, vs, os_, as_)
+    assert "_s[_i] = " not in prog.source and not re.search(r"_o\[_q\] = v\d+(\[_b\])?\[_r\] \* \(", prog.source)
+    assert_same(prog(ps, vs, os_, as_), scaled_twice(ps, vs, os_, as_))
