@@ -14,14 +14,12 @@ as the generated code issues it, without any cache; nothing in the GPU build cha
 from __future__ import annotations
 
 import ctypes
-import os
 
 import numpy as np
 
 from polyft.errors import CompileError
 
-from . import runtime_c
-from .runtime_cuda import EMULATOR, Backend, CudaRuntime
+from .runtime_cuda import Backend, CudaRuntime, EmulatedBackend
 
 # GCC emits these hooks for -fsanitize=thread; `memcpy` & co. in the emulated code become
 # __tsan_memcpy & co., which must also do the copy.
@@ -66,36 +64,21 @@ FT_HOOK void __tsan_init(void) {}
 }
 """
 
-# instrumented, but linked without GCC's sanitizer runtime (-nodefaultlibs drops it): the
-# hooks above are the only definitions; loop-to-memcpy rewriting is off so that copies of
-# the generated code stay loads and stores
-FLAGS = ["-x", "c++", "-std=c++14", "-O1", "-fPIC", "-shared", "-w", "-fsanitize=thread",
-         "-fno-tree-loop-distribute-patterns", "-nodefaultlibs", "-Wl,--no-as-needed",
-         "-lstdc++", "-lm", "-lc", "-lgcc_s"]
-
-
-class CountingBackend(Backend):
+class CountingBackend(EmulatedBackend):
     """The emulator's build of a module with every global access counted (module doc);
     `launches` records (kernel, gx, gy) of every launch."""
 
     name = "emulated-counting"
+    # instrumented, but linked without GCC's sanitizer runtime (-nodefaultlibs drops it): the
+    # hooks of COUNTERS are the only definitions; loop-to-memcpy rewriting is off so that the
+    # generated code's copies stay loads and stores
+    flags = EmulatedBackend.flags + ["-fsanitize=thread", "-fno-tree-loop-distribute-patterns", "-nodefaultlibs",
+                                     "-Wl,--no-as-needed", "-lstdc++", "-lm", "-lc", "-lgcc_s"]
 
     def __init__(self, source: str, arities: list):
-        wrappers = [f"static void ft_count_trampoline_k{k}(void* p) {{ const long* a = (const long*)p; "
-                    f"polyft_k{k}({', '.join(['(const ctx_t*)a[0]'] + [f'a[{i + 1}]' for i in range(n)])}); }}\n"
-                    f'extern "C" int ft_count_k{k}(const long* a, long gx, long gy) '
-                    f"{{ return ft_launch(ft_count_trampoline_k{k}, (void*)a, gx, gy, FT_THREADS); }}"
-                    for k, n in enumerate(arities)]
-        text = "#define FT_EMULATED\n" + EMULATOR + source + "\n".join(wrappers) + "\n" + COUNTERS
-        _, self._lib = runtime_c.load(text, FLAGS, cc=os.environ.get("CXX", "c++"))
+        super().__init__(source + COUNTERS, arities)
         self._lib.ft_count_range.argtypes = [ctypes.c_void_p, ctypes.c_long]
         self._lib.ft_counted.restype = ctypes.c_longlong
-        self._kernels = []
-        for k in range(len(arities)):
-            fn = getattr(self._lib, f"ft_count_k{k}")
-            fn.argtypes = [ctypes.POINTER(ctypes.c_long), ctypes.c_long, ctypes.c_long]
-            fn.restype = ctypes.c_int
-            self._kernels.append(fn)
         self.launches: list = []
         self.ranges: dict = {}  # address -> range number
 
@@ -106,13 +89,7 @@ class CountingBackend(Backend):
             if r < 0:
                 raise CompileError("too many buffers to count", op="gpu_profile")
             self.ranges[arr.ctypes.data] = r
-        return arr, arr.ctypes.data
-
-    def download(self, handle, arr: np.ndarray) -> np.ndarray:
-        return handle
-
-    def ctx(self, ctx: np.ndarray):
-        return ctx, ctx.ctypes.data
+        return super().upload(arr)
 
     def counted(self, arr: np.ndarray) -> tuple:
         """(bytes read, bytes written) of the array uploaded as `arr`, so far."""
@@ -121,10 +98,7 @@ class CountingBackend(Backend):
 
     def _launch(self, k, gx, gy, args):
         self.launches.append((k, gx, gy))
-        a = (ctypes.c_long * len(args))(*[int(x) for x in args])
-        if self._kernels[k](a, gx, gy):
-            raise CompileError(f"kernel polyft_k{k} deadlocked at a barrier in the counting emulator",
-                               op="gpu_profile")
+        super()._launch(k, gx, gy, args)
 
 
 class CountingRuntime(CudaRuntime):

@@ -92,6 +92,7 @@ class EmulatedBackend(Backend):
     at barriers, blocks run one after another."""
 
     name = "emulated"
+    flags = ["-x", "c++", "-std=c++14", "-O1", "-fPIC", "-shared", "-w"]  # a subclass may instrument the build
 
     def __init__(self, source: str, arities: list):
         cxx = os.environ.get("CXX", "c++")
@@ -103,7 +104,7 @@ class EmulatedBackend(Backend):
                             f'extern "C" int polyft_emulate_k{k}(const long* a, long gx, long gy) '
                             f"{{ return ft_launch(ft_trampoline_k{k}, (void*)a, gx, gy, FT_THREADS); }}")
         text = "#define FT_EMULATED\n" + EMULATOR + source + "\n".join(wrappers) + "\n"
-        _, self._lib = runtime_c.load(text, ["-x", "c++", "-std=c++14", "-O1", "-fPIC", "-shared", "-w"], cc=cxx)
+        _, self._lib = runtime_c.load(text, self.flags, cc=cxx)
         self._kernels = []
         for k in range(len(arities)):
             fn = getattr(self._lib, f"polyft_emulate_k{k}")
