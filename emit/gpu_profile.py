@@ -47,7 +47,8 @@ from .isl_ast import build_ast, call_loops, level, loop_key
 # cost of one kernel launch from the host (launch latency plus the host loop's turn)
 H100 = {"dram_bytes_per_s": 3.35e12, "tensor_flops_fp16": 989e12, "tensor_flops_tf32": 494e12,
         "fp32_flops": 67e12, "sms": 132, "l2_bytes": 50 * 2**20, "launch_s": 4e-6,
-        "grid_sync_s": 1e-6, "threads_per_sm": 2048, "registers_per_sm": 65536, "shared_per_sm": 228 * 1024, "blocks_per_sm": 32}
+        "grid_sync_s": 1e-6, "threads_per_sm": 2048, "registers_per_sm": 65536, "shared_per_sm": 228 * 1024,
+        "blocks_per_sm": 32}
 
 DRAM_ASSUMPTION = ("DRAM at least: the distinct elements of the inputs read and of the outputs "
                    "written, once each, plus, for an intermediate in global memory larger than the "
@@ -83,12 +84,13 @@ class GpuProfile:
     def __str__(self) -> str:
         t, mb = self.totals, lambda n: f"{n / 1e6:,.1f}"
         k = self.kernels
-        kernels = pd.DataFrame({"kernel": k.kernel, "launches": k.launches,
-                                "blocks": [f"{lo}-{hi}" if lo != hi else f"{lo}" for lo, hi in zip(k.blocks_min, k.blocks_max)],
-                                "resident": k.resident_blocks, "instances": k.instances_max, "threads": k.threads,
-                                "smem dyn+static": [f"{d}+{st}" for d, st in zip(k.shared_dynamic, k.shared_static)],
-                                "regs": k.registers, "spills st/ld": [f"{a}/{b}" for a, b in zip(k.spill_stores, k.spill_loads)],
-                                "stack": k["stack"]})
+        kernels = pd.DataFrame({
+            "kernel": k.kernel, "launches": k.launches,
+            "blocks": [f"{lo}-{hi}" if lo != hi else f"{lo}" for lo, hi in zip(k.blocks_min, k.blocks_max)],
+            "resident": k.resident_blocks, "instances": k.instances_max, "threads": k.threads,
+            "smem dyn+static": [f"{d}+{st}" for d, st in zip(k.shared_dynamic, k.shared_static)],
+            "regs": k.registers, "spills st/ld": [f"{a}/{b}" for a, b in zip(k.spill_stores, k.spill_loads)],
+            "stack": k["stack"]})
         b = self.buffers
         buffers = pd.DataFrame({"buffer": b.buffer, "role": b.role, "placement": b.placement,
                                 "stored MB": b.stored_bytes.map(mb), "read MB": b.global_read_bytes.map(mb),
@@ -157,9 +159,9 @@ def profile(module, model, schedule, sizes: dict, precision: str = "fp32", **ass
 
 def launches(module, sizes: dict, capacity: int | None = None) -> list:
     """(kernel, blocks, instances) of every launch one call makes: the module's host driver
-    run with a launch callback that records them (no kernel runs). A driver that asks for a
-    grid (a tuple) gets it; a persistent kernel asks for its band's most instances at once
-    (None: unbounded) and gets at most the `capacity` blocks that are resident at once."""
+    run with a launch callback that records them (no kernel runs). The driver asks for the
+    most instances its kernel's bands have at once (None: not bounded); as the runtimes do,
+    a launch gets at most the `capacity` blocks that are resident at once (None: unknown)."""
     missing = [p for p in module.params if p not in sizes]
     if missing:
         raise PolyftError(f"the GPU profile needs the lengths {missing} (e.g. sizes={{'{missing[0]}': 8}})",
@@ -168,15 +170,11 @@ def launches(module, sizes: dict, capacity: int | None = None) -> list:
     exec(compile(module.host, "<polyft host driver>", "exec"), namespace)
     out = []
 
-    def launch(k, grid, *_):
-        if isinstance(grid, (tuple, list)):
-            instances = blocks = int(np.prod([int(g) for g in grid]))
-        else:
-            instances = None if grid is None else int(grid)
-            blocks = min(x for x in (instances, capacity) if x is not None) if (instances, capacity) != (None, None) \
-                else None
-        if blocks != 0:  # an empty grid launches nothing (as the runtimes do)
-            out.append((k, blocks, instances))
+    def launch(k, most):
+        most = None if most is None else int(most)
+        blocks = most if capacity is None else capacity if most is None else min(most, capacity)
+        if blocks != 0:  # an empty grid launches nothing
+            out.append((k, blocks, most))
     namespace["run"](launch, *[sizes[p] for p in module.params])
     return out
 

@@ -74,6 +74,11 @@ def test_paper_shapes_from_the_access_relations():
     io = (n * seq * h + 2 * d * 4 * h * h + d * 4 * h + 2 * n * d * seq * h) * 4  # x, w, u, b; h and c
     assert profile.totals.io_bytes == io
     assert profile.totals.launches == len(profile.kernels) == 1
+    assert profile.totals.steps == 2 * (d + seq - 1)  # per wavefront step, the gates then the cell update
+    # the program with symbolic lengths, profiled at the same ones: the same accesses, no steps known
+    symbolic = ft.analyze(mod.program, *mod.specs("paper")).gpu_profile(sizes)
+    assert symbolic.buffers.global_read_bytes.tolist() == profile.buffers.global_read_bytes.tolist()
+    assert symbolic.totals.steps is None and any("grid barriers" in n for n in symbolic.notes)
 
 
 def test_kernels_ptxas_and_assumptions():
