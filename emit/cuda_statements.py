@@ -13,11 +13,12 @@ from polyft.errors import CompileError
 from polyft.etdg import OpNode
 
 from .c_statements import BINARY, UNARY, StatementBody, cast, ctype, native_dtype
-from .cuda_arena import SHARED_LIMIT, Arena
+from .cuda_arena import Arena
 
-# operand precision of matmuls -> (WMMA element type, k of a fragment); float32 has none
-PRECISIONS = {"fp32": None, "tf32": ("nvcuda::wmma::precision::tf32", 8), "fp16": ("__half", 16),
-              "bf16": ("__nv_bfloat16", 16)}
+# operand precision of matmuls -> (WMMA element type, k of a fragment, bytes of an element
+# converted into shared memory); float32 has none
+PRECISIONS = {"fp32": None, "tf32": ("nvcuda::wmma::precision::tf32", 8, 4), "fp16": ("__half", 16, 2),
+              "bf16": ("__nv_bfloat16", 16, 2)}
 TOLERANCE = {"fp32": 1e-5, "tf32": 1e-3, "fp16": 1e-2, "bf16": 1e-2}  # relative error vs eager float32
 
 # the tile library's reductions over a tile's trailing axes: `rows` rows of `n` elements
@@ -29,12 +30,40 @@ def _elementwise(op) -> bool:
     return op.op in UNARY or op.op in BINARY
 
 
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def gemm_tiles(P: int, Q: int, trans: bool, precision: str) -> tuple:
+    """(BM, BN, stage bytes) of a GEMM of P x Q results in the tile library: block tiles of
+    at most 128 x 128 and 4096 results (16 a thread at 256 threads: a 4 x 4 micro-tile, few
+    enough registers that kernels calling several GEMMs do not spill), K in chunks of BK (16 in
+    float32, two fragments' k on tensor cores) double-buffered as floats in rows padded by 4,
+    plus, on tensor cores, one chunk converted, its rows padded by 16 bytes. tiles.cuh's
+    Chunks and gemm_tc compute the same bytes and refuse to compile if they differ."""
+    BN = min(128, _pow2(max(Q, 4)))
+    BM = min(128, _pow2(P), 4096 // BN)
+    tc = PRECISIONS[precision]
+    BK = 2 * tc[1] if tc else 16
+
+    def elements(pad):
+        return BM * (BK + pad) + (BN * (BK + pad) if trans else BK * (BN + pad))
+    nbytes = -(-2 * 4 * elements(4) // 32) * 32
+    if tc:
+        nbytes += tc[2] * elements(16 // tc[2])
+    return BM, BN, nbytes
+
+
 class CudaStatementBody(StatementBody):
     """Tile operations spread over the threads of a block, with a barrier after each.
 
-    Two fusions save shared memory and passes: a run of elementwise operations of one shape
-    becomes one loop (values used only inside the run stay in registers), and `add` of two
-    matmuls used nowhere else accumulates the second into the first's tile.
+    Fusions save shared memory and passes: a run of elementwise operations of one shape
+    becomes one loop (values used only inside the run stay in registers); `add` of two
+    matmuls used nowhere else accumulates the second into the first's tile; and the GEMMs
+    read their operands where they are (global or shared memory, in K-chunks), so a
+    transpose or a concatenation along K that only matmuls read on the right is never
+    materialised (`folded`): x.T is read as x, coalesced, and a @ concat([x1, x2]) is
+    a[:, :k1] @ x1 + a[:, k1:] @ x2.
 
     With a batch (StatementBody's: `_nb` <= TB instances of a parallel loop), tiles that
     depend on it hold TB instances; a matmul of their rows by a shared matrix becomes one
@@ -52,7 +81,6 @@ class CudaStatementBody(StatementBody):
         self.precision = precision
         self.arena = Arena()  # owners: an OpNode's tile, or "tmp" for one operation's scratch
         self.declared: set = set()
-        self.staged: set = set()  # loads copied into shared memory for the whole statement (_stage)
 
     def _release(self, k: int):
         """After operation k and its barrier: free the temporaries and the tiles read last."""
@@ -74,10 +102,32 @@ class CudaStatementBody(StatementBody):
                 first, second = sorted(ins, key=self.ops.index)
                 self.accumulate[second] = first
                 self.alias[op] = first
+        self.folded = {op for op in self.ops if self._foldable(op)}
         self.pos = {op: k for k, op in enumerate(self.ops)}
         self.last = {op: max([self.pos[u] for u in self.users[op]], default=self.pos[op]) for op in self.ops}
+        for op in self.ops:  # what a folded operation reads is read by the matmuls reading it
+            if op in self.folded:
+                for a in op.inputs:
+                    if isinstance(a, OpNode):
+                        self.last[a] = max(self.last[a], self.last[op])
         for add, first in self.alias.items():  # the sum lives in the first matmul's tile
             self.last[first] = max(self.last[first], self.last[add])
+
+    def _foldable(self, op) -> bool:
+        """A 2-D transpose, or a concatenation of 2-D tiles along axis 0, read only as the
+        right operand of matmuls (never materialised: the GEMMs read its inputs)."""
+        if op.op == "transpose":
+            ok = len(op.shape) == 2
+        elif op.op == "concat":
+            ok = len(op.shape) == 2 and op.attrs.get("axis", 0) % 2 == 0 and \
+                all(isinstance(a, OpNode) and len(a.shape) == 2 for a in op.inputs)
+        else:
+            return False
+        return ok and bool(self.users[op]) and all(
+            u.op == "matmul" and u.inputs[1] is op and u.inputs[0] is not op for u in self.users[op])
+
+    def _is_folded(self, a, kind: str) -> bool:
+        return isinstance(a, OpNode) and a in self.folded and a.op == kind
 
     def _ref(self, op) -> str:
         return super()._ref(self.alias.get(op, op))
@@ -94,6 +144,8 @@ class CudaStatementBody(StatementBody):
                     group = []
                 group.append(op)
                 continue
+            if op in self.folded:
+                continue  # read by the matmuls in its place
             if op.op == "load":  # only sets a pointer: emitted at once, a run goes on past it
                 self._batched(op) if op in self.batched else self._op_load(op)
                 continue
@@ -177,64 +229,59 @@ class CudaStatementBody(StatementBody):
                         cgen.Block(body_fn(idx)))
 
     def _matmul_shared_right(self, op) -> list:
-        """Every instance's rows times one shared matrix: a GEMM of TB * P rows (rows of
-        missing instances are zeros from a load, whatever a computed tile holds: their
-        results are never stored)."""
+        """Every instance's rows times one shared matrix: one GEMM of TB * P rows, read from
+        each instance's tile (ft::Batch: zeros for missing instances of a load; a computed
+        tile's rows of missing instances hold anything, their results are never stored)."""
         outer, self.lines, self._in_batch = self.lines, [], False
-        a_op, (b, sb, _) = op.inputs[0], self._operand(op.inputs[1])
+        a_op = op.inputs[0]
         P, K = a_op.shape
-        rows = self.batch[1] * P
-        a = f"v{a_op.id}"
-        if a_op.op == "load":  # gather the instances' tiles into one
-            a = self._stage(a_op, (rows, K), f"ft::gather_tiles<{ctype(a_op.dtype)}, {self.batch[1]}, {P * K}>"
-                                              f"({{}}, v{a_op.id}, _nb)")
-        self._matmul(op, a, b, rows, K, sb[1])
+        if a_op.op == "load":
+            rows = lambda k0: f"ft::Batch<{P}>{{v{a_op.id}, (int)_nb, {K}, {k0}}}"  # noqa: E731
+        else:
+            rows = lambda k0: f"ft::Rows{{v{a_op.id} + {k0}, {K}}}"  # noqa: E731
+        self._matmul(op, rows, None, self.batch[1] * P, K, op.shape[1])
         body, self.lines, self._in_batch = self.lines, outer, True
         return body
 
-    def _left_operand(self, a):
-        """An operand tile in shared memory: loads are copied in cooperatively first."""
-        name, shape, dtype = self._operand(a)
-        if isinstance(a, tuple) or a.op != "load":
-            return name, shape, dtype
-        n = max(1, math.prod(shape))
-        if (self.arena.size + n * 4) > SHARED_LIMIT // 2:
-            return name, shape, dtype  # too big to stage: read it from global memory
-        return self._stage(a, shape, f"ft::load_tile({{}}, {name}, {n})"), shape, dtype
-
-    def _stage(self, a, shape, copy: str) -> str:
-        """The shared tile `v<a>_s` that the statement `copy` (its destination `{}`) fills
-        from the load `a`. Outside the per-instance loop it is filled once and kept until the
-        load's last reader has run, so two matmuls of one operand (`(x @ w1) * (x @ w2)`)
-        share it; inside, it is one instance's, filled for each."""
-        staged = f"v{a.id}_s"
-        if a in self.staged and not (self._in_batch and a in self.batched):
-            return staged
-        self._tile(staged, shape, a.dtype, "tmp" if self._in_batch else a)
-        self.lines.append(cgen.Statement(copy.format(staged)))
-        if not self._in_batch:
-            self.staged.add(a)
-        return staged
-
     def _matmul(self, op, a, b, P, K, Q):
-        """ft::gemm_tc on tensor cores where the precision and the shapes allow (P, Q multiples
-        of 16, K of the fragment's k), else ft::gemm_f32; into the tile of the matmul this one
-        adds into, if any."""
+        """op = a @ b, P x K times K x Q: ft::gemm_tc on tensor cores where the precision and
+        the shapes allow (P, Q multiples of 16), else ft::gemm_f32; into the tile of the
+        matmul this one adds into, if any. `a`: a row-major tile's C pointer, or k0 -> its
+        rows from column k0 on (ft::Rows, ft::Batch). The right operand is read from
+        op.inputs[1] (`b` is unused): a folded concatenation is one GEMM per piece, each
+        accumulating into the last, on the columns of `a` that meet it."""
         if op.dtype != "float32":
             raise CompileError(f"the CUDA target multiplies float32 tiles only, not {op.dtype} (shapes "
                                f"{[P, K]} @ {[K, Q]}); cast the operands with .astype(np.float32)",
                                op="matmul", where=op.where)
+        rows = a if callable(a) else (lambda k0: f"ft::Rows{{{a} + {k0}, {K}}}")
         into = self.accumulate.get(op)
         if into is None:
             self._decl(op)
-        out, acc = self._ref(into or op), "true" if into is not None else "false"
+        out = self._ref(into or op)
+        right = op.inputs[1]
+        pieces = right.inputs if self._is_folded(right, "concat") else [right]
+        k0 = 0
+        for i, x in enumerate(pieces):
+            trans = self._is_folded(x, "transpose")
+            name, shape, _ = self._operand(x.inputs[0] if trans else x)
+            k = shape[1] if trans else shape[0]
+            self._gemm(out, into is not None or i > 0, rows(k0), f"ft::Rows{{{name}, {shape[1]}}}", trans, P, k, Q)
+            k0 += k
+
+    def _gemm(self, out, acc: bool, a: str, b: str, trans: bool, P, K, Q):
+        """One call of the tile library's GEMMs, its stage a temporary of the arena."""
         tc = PRECISIONS[self.precision]
-        if tc and P % 16 == 0 and Q % 16 == 0 and K % tc[1] == 0:
-            stage = self.arena.alloc(32 * (P + Q), "tmp")  # KC columns of a and rows of b, 32 bytes a row
-            self.lines.append(cgen.Line(f"ft::gemm_tc<{tc[0]}, {P}, {K}, {Q}, {acc}>({out}, {a}, {b}, {stage});"
+        if P % 16 or Q % 16:
+            tc = None
+        BM, BN, nbytes = gemm_tiles(P, Q, trans, self.precision if tc else "fp32")
+        stage = self.arena.alloc(nbytes, "tmp")
+        args = f"{P}, {K}, {Q}, {str(acc).lower()}, {str(trans).lower()}, {BM}, {BN}, {nbytes}"
+        if tc:
+            self.lines.append(cgen.Line(f"ft::gemm_tc<{tc[0]}, {args}>({out}, {a}, {b}, {stage});"
                                         f"  /* tensor cores, {self.precision} operands */"))
         else:
-            self.lines.append(cgen.Statement(f"ft::gemm_f32<{P}, {K}, {Q}, {acc}>({out}, {a}, {b})"))
+            self.lines.append(cgen.Statement(f"ft::gemm_f32<{args}>({out}, {a}, {b}, {stage})"))
 
     def _rows(self, op, x, s, axes, keep) -> bool:
         """A reduction of float32 over the trailing axes as rows of the tile library (ROWS)."""

@@ -10,37 +10,93 @@
 
 namespace ft {
 
-/* Cooperative tile loader: all threads copy a tile from global to shared memory, in float4
-   steps when both ends are 16-byte aligned, then wait for each other. */
-template <typename T>
-__device__ __forceinline__ void load_tile(T* __restrict__ dst, const T* __restrict__ src, int n) {
-  if (sizeof(T) == 4 && n % 4 == 0 && ((uintptr_t)src % 16) == 0 && ((uintptr_t)dst % 16) == 0) {
-    const float4* s4 = reinterpret_cast<const float4*>(src);
-    float4* d4 = reinterpret_cast<float4*>(dst);
-    for (int e = threadIdx.x; e < n / 4; e += FT_THREADS) d4[e] = s4[e];
-  } else {
-    for (int e = threadIdx.x; e < n; e += FT_THREADS) dst[e] = src[e];
+/* -- global memory ------------------------------------------------------------------------
+   Every read of global memory by the tile library is one of these two copies into shared
+   memory: asynchronous (cp.async, sm_80 and later) from global memory, plain loads from shared
+   memory (a source the statement computed) and in the emulator. A thread's copies are waited
+   for with copies_wait, then a barrier makes everyone's visible. */
+__device__ __forceinline__ void copy16(float* dst, const float* src) {  /* both 16-byte aligned */
+#if !defined(FT_EMULATED) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if (__isGlobal(src)) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
+    return;
   }
-  __syncthreads();
+#endif
+  *reinterpret_cast<float4*>(dst) = *reinterpret_cast<const float4*>(src);
+}
+__device__ __forceinline__ void copy4(float* dst, const float* src) {
+#if !defined(FT_EMULATED) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if (__isGlobal(src)) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
+    return;
+  }
+#endif
+  *dst = *src;
+}
+__device__ __forceinline__ void copies_wait() {  /* this thread's copies have landed */
+#if !defined(FT_EMULATED) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;\n" ::);
+#endif
 }
 
-/* Cooperative gather: the tiles of N elements at src[0..nb-1] (one per instance of a
-   batch) side by side into dst, zeros for instances nb..TB-1; float4 steps where aligned. */
-template <typename T, int TB, int N>
-__device__ __forceinline__ void gather_tiles(T* __restrict__ dst, const T* const* src, int nb) {
-  constexpr int V = sizeof(T) == 4 && N % 4 == 0 ? 4 : 1;  /* elements a thread moves at once */
-  for (int e = threadIdx.x; e < TB * N / V; e += FT_THREADS) {
-    const int b = e / (N / V), k = e % (N / V);
-    if (V == 4 && ((uintptr_t)dst % 16) == 0 && (b >= nb || ((uintptr_t)src[b] % 16) == 0)) {
-      float4 v = {0.0f, 0.0f, 0.0f, 0.0f};
-      if (b < nb) v = reinterpret_cast<const float4*>(src[b])[k];
-      reinterpret_cast<float4*>(dst)[e] = v;
+/* Matrix operands of the GEMMs, by rows (any memory): row r of a row-major matrix ... */
+struct Rows {
+  const float* p;
+  int ld;
+  __device__ __forceinline__ const float* row(int r) const { return p + (long)r * ld; }
+};
+/* ... or of a batch's instances side by side: instance b's P rows at src[b] + off (ld apart),
+   no rows (zeros) for the instances nb.. past the end of the batch */
+template <int P>
+struct Batch {
+  const float* const* src;
+  int nb, ld, off;
+  __device__ __forceinline__ const float* row(int r) const {
+    return r / P < nb ? src[r / P] + off + (long)(r % P) * ld : nullptr;
+  }
+};
+
+/* Cooperative staging: rows r0..r0+R-1 and columns c0..c0+C-1 of matrix m into dst (row
+   stride LD), zeros past its nrows x ncols; 16 bytes a copy where aligned. */
+template <int R, int C, int LD, typename M>
+__device__ __forceinline__ void stage_tile(float* __restrict__ dst, const M& m, int r0, int c0, int nrows, int ncols) {
+  static_assert(C % 4 == 0 && LD % 4 == 0, "staged rows are float4s");
+  for (int e = threadIdx.x; e < R * C / 4; e += FT_THREADS) {
+    const int r = e / (C / 4), c = e % (C / 4) * 4;
+    float* d = dst + r * LD + c;
+    const float* s = r0 + r < nrows ? m.row(r0 + r) : nullptr;
+    if (s != nullptr) s += c0 + c;
+    if (s != nullptr && c0 + c + 4 <= ncols && (uintptr_t)s % 16 == 0) {
+      copy16(d, s);
     } else {
-      for (int i = 0; i < V; i++) dst[e * V + i] = b < nb ? src[b][k * V + i] : T(0);
+      for (int i = 0; i < 4; i++) {
+        if (s != nullptr && c0 + c + i < ncols) copy4(d + i, s + i);
+        else d[i] = 0.0f;
+      }
     }
   }
-  __syncthreads();
 }
+
+/* The K-chunks of a GEMM's two operands in shared memory, double-buffered: a[P, K] as BM x
+   BK blocks (row stride BK + 4), b[K, Q] as BK x BN blocks (row stride BN + 4), or, when
+   TRANS (b is x.T for a row-major x[Q, K], read along its rows: coalesced), x's BN x BK
+   blocks (row stride BK + 4). The 4 floats of padding keep rows 16-byte aligned and move
+   each row 4 banks on, so 8 threads reading float4s of 8 rows hit 32 different banks. */
+template <int BM, int BN, int BK, bool TRANS>
+struct Chunks {
+  enum { LA = BK + 4, LB = TRANS ? BK + 4 : BN + 4, A = BM * LA, B = (TRANS ? BN : BK) * LB,
+         FLOATS = 2 * (A + B), BYTES = (FLOATS * 4 + 31) / 32 * 32 };
+  float* base;
+  __device__ __forceinline__ float* a(int c) const { return base + (c % 2) * (A + B); }
+  __device__ __forceinline__ float* b(int c) const { return a(c) + A; }
+  /* chunk c of the block tile at (m0, n0) into buffer c % 2 */
+  template <int P, int K, int Q, typename MA, typename MB>
+  __device__ __forceinline__ void load(int c, const MA& ma, const MB& mb, int m0, int n0) const {
+    stage_tile<BM, BK, LA>(a(c), ma, m0, c * BK, P, K);
+    if (TRANS) stage_tile<BN, BK, LB>(b(c), mb, n0, c * BK, Q, K);
+    else stage_tile<BK, BN, LB>(b(c), mb, c * BK, n0, K, Q);
+  }
+};
 
 /* -- row reductions: one warp per row, lanes strided over it, then a butterfly ---------- */
 __device__ __forceinline__ float warp_sum(float v) {
@@ -100,101 +156,165 @@ __device__ void softmax_rows(float* __restrict__ out, const float* __restrict__ 
 }
 
 /* -- GEMM in float32 -------------------------------------------------------------------- */
-/* out[P, Q] = (or +=, ACC) a[P, K] @ b[K, Q]. Thread t owns column q = t % QT (QT threads
-   along q: b is read coalesced, once per R rows) and rows t / QT + i * RG, R of them in
-   registers at a time; a's element is the same across a warp (a broadcast). */
-template <int P, int K, int Q, bool ACC>
-__device__ void gemm_f32(float* __restrict__ out, const float* __restrict__ a, const float* __restrict__ b) {
-  constexpr int QT = Q < FT_THREADS ? Q : FT_THREADS;
-  constexpr int RG = FT_THREADS / QT;
-  constexpr int R0 = (P + RG - 1) / RG;
-  constexpr int R = R0 < 8 ? R0 : 8;
-  const int rg = threadIdx.x / QT;
-  if (rg >= RG) return;
-  for (int q = threadIdx.x % QT; q < Q; q += QT)
-    for (int p0 = rg; p0 < P; p0 += R * RG) {
-      float acc[R];
-      for (int i = 0; i < R; i++) acc[i] = 0.0f;
-      for (int m = 0; m < K; m++) {
-        const float w = b[m * Q + q];
-        for (int i = 0; i < R; i++) {
-          const int p = p0 + i * RG < P ? p0 + i * RG : P - 1;  /* past the end: recomputed, not stored */
-          acc[i] += a[p * K + m] * w;
+/* float4 component s of v (s a constant once the loops are unrolled) */
+__device__ __forceinline__ float component(const float4& v, int s) { return s == 0 ? v.x : s == 1 ? v.y : s == 2 ? v.z : v.w; }
+
+/* acc += one staged chunk's product for the micro-tile of thread (tm, tn): rows tm + i * MT,
+   columns tn * 4 + j (b row-major: one float4 of a row) or, TRANS, tn + j * NT (one float4
+   along k of each of 4 rows of x, rows 4 banks apart). Every 4 k-steps read TM + 4 float4s
+   of shared memory (LDS.128) for 16 * TM multiply-adds. */
+template <int TM, int MT, int NT, int BK, int LA, int LB, bool TRANS>
+__device__ __forceinline__ void multiply_chunk(float (&acc)[TM][4], const float* __restrict__ sa,
+                                               const float* __restrict__ sb, int tm, int tn) {
+#pragma unroll
+  for (int k = 0; k < BK; k += 4) {
+    float4 av[TM];
+#pragma unroll
+    for (int i = 0; i < TM; i++) av[i] = *reinterpret_cast<const float4*>(sa + (tm + i * MT) * LA + k);
+    if (TRANS) {
+      float4 bv[4];
+#pragma unroll
+      for (int j = 0; j < 4; j++) bv[j] = *reinterpret_cast<const float4*>(sb + (tn + j * NT) * LB + k);
+#pragma unroll
+      for (int s = 0; s < 4; s++)
+#pragma unroll
+        for (int i = 0; i < TM; i++)
+#pragma unroll
+          for (int j = 0; j < 4; j++) acc[i][j] += component(av[i], s) * component(bv[j], s);
+    } else {
+#pragma unroll
+      for (int s = 0; s < 4; s++) {
+        const float4 bv = *reinterpret_cast<const float4*>(sb + (k + s) * LB + tn * 4);
+#pragma unroll
+        for (int i = 0; i < TM; i++)
+#pragma unroll
+          for (int j = 0; j < 4; j++) acc[i][j] += component(av[i], s) * component(bv, j);
+      }
+    }
+  }
+}
+
+/* out[P, Q] = (or +=, ACC) a[P, K] @ b[K, Q] (b = x.T when TRANS), any P, K, Q: the block
+   works through BM x BN tiles of out; for each, K in chunks of 16 staged into `stage`
+   (Chunks: STAGE bytes, double-buffered, the next chunk copied while this one is multiplied,
+   one barrier per chunk), each thread accumulating a micro-tile of TM x 4 in registers: the
+   BN / 4 threads of a row of the tile and FT_THREADS / (BN / 4) (at most BM) rows of them. */
+template <int P, int K, int Q, bool ACC, bool TRANS, int BM, int BN, int STAGE, typename MA, typename MB>
+__device__ void gemm_f32(float* __restrict__ out, const MA a, const MB b, unsigned char* stage) {
+  enum { BK = 16, NT = BN / 4, MT0 = FT_THREADS / NT, MT = MT0 < BM ? MT0 : BM, TM = BM / MT, NK = (K + BK - 1) / BK };
+  typedef Chunks<BM, BN, BK, TRANS> C;
+  static_assert(C::BYTES == STAGE, "the stage the target allotted is this GEMM's");
+  static_assert(BN % 4 == 0 && NT <= FT_THREADS && BM % MT == 0, "a tile the block's threads cover");
+  const C ch = {reinterpret_cast<float*>(stage)};
+  const int tm = threadIdx.x / NT, tn = threadIdx.x % NT;
+  const bool active = threadIdx.x < MT * NT;
+  for (int m0 = 0; m0 < P; m0 += BM)
+    for (int n0 = 0; n0 < Q; n0 += BN) {
+      float acc[TM][4];
+      for (int i = 0; i < TM; i++)
+        for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
+      ch.template load<P, K, Q>(0, a, b, m0, n0);
+      for (int c = 0; c < NK; c++) {
+        copies_wait();
+        __syncthreads();  /* chunk c is in; every thread is done with chunk c - 1, whose buffer c + 1 takes */
+        if (c + 1 < NK) ch.template load<P, K, Q>(c + 1, a, b, m0, n0);
+        if (active) multiply_chunk<TM, MT, NT, BK, C::LA, C::LB, TRANS>(acc, ch.a(c), ch.b(c), tm, tn);
+      }
+      __syncthreads();  /* the next tile's first chunk may overwrite the buffers */
+      if (!active) continue;
+      for (int i = 0; i < TM; i++)
+        for (int j = 0; j < 4; j++) {
+          const int p = m0 + tm + i * MT, q = n0 + (TRANS ? tn + j * NT : tn * 4 + j);
+          if (p < P && q < Q) out[p * Q + q] = ACC ? out[p * Q + q] + acc[i][j] : acc[i][j];
         }
-      }
-      for (int i = 0; i < R; i++) {
-        const int p = p0 + i * RG;
-        if (p < P) out[p * Q + q] = ACC ? out[p * Q + q] + acc[i] : acc[i];
-      }
     }
 }
 
 /* -- GEMM on tensor cores (WMMA) -------------------------------------------------------- */
-/* Per operand precision: the element staged in shared memory, the WMMA fragment type, its k
-   extent, and the rounding tf32 needs after a fragment load. */
+/* Per operand precision: the element of the converted chunks in shared memory, the WMMA
+   fragment type, its k extent, and the conversion (tf32: rounded to nearest, kept as float). */
 template <typename H> struct Precision {  /* fp16 and bf16: staged and multiplied as H */
   typedef H elem;
   typedef H frag;
   enum { K = 16 };
   static __device__ __forceinline__ H convert(float f) { return H(f); }
-  template <typename F> static __device__ __forceinline__ void round(F&) {}
 };
 template <> struct Precision<nvcuda::wmma::precision::tf32> {
   typedef float elem;
   typedef nvcuda::wmma::precision::tf32 frag;
   enum { K = 8 };
-  static __device__ __forceinline__ float convert(float f) { return f; }
-  template <typename F> static __device__ __forceinline__ void round(F& f) {
-    for (int e = 0; e < f.num_elements; e++) f.x[e] = nvcuda::wmma::__float_to_tf32(f.x[e]);
-  }
+  static __device__ __forceinline__ float convert(float f) { return nvcuda::wmma::__float_to_tf32(f); }
 };
+template <bool TRANS> struct LayoutB { typedef nvcuda::wmma::row_major type; };
+template <> struct LayoutB<true> { typedef nvcuda::wmma::col_major type; };
 
-/* out[P, Q] = (or +=, ACC) a[P, K] @ b[K, Q], with P, Q multiples of 16 and K of the
-   fragment's k: all threads convert KC columns of a and rows of b into shared memory
-   (`stage`, 32 * (P + Q) bytes, 32-byte aligned), then each warp multiplies them into the
-   accumulators of its 16x16 output tiles, which stay in registers for the whole of K and
-   are stored (float) once. */
-template <typename T, int P, int K, int Q, bool ACC>
-__device__ void gemm_tc(float* __restrict__ out, const float* __restrict__ a, const float* __restrict__ b,
-                        unsigned char* stage) {
+/* Converts a staged R x C block (row stride LS) into h (row stride LH). */
+template <typename Pr, int R, int C, int LS, int LH>
+__device__ __forceinline__ void convert_chunk(typename Pr::elem* __restrict__ h, const float* __restrict__ s) {
+  for (int e = threadIdx.x; e < R * C; e += FT_THREADS) h[e / C * LH + e % C] = Pr::convert(s[e / C * LS + e % C]);
+}
+
+/* out[P, Q] = (or +=, ACC) a[P, K] @ b[K, Q] (b = x.T when TRANS), P and Q multiples of 16,
+   any K: per BM x BN tile of out, K in chunks of two fragments' k, staged as floats
+   (Chunks, double-buffered: the next chunk's copies fly while this one is multiplied), then
+   converted once per chunk and block into padded rows of 16 bytes more (row starts 4 banks
+   apart: conflict-free fragment loads). Warps own FM x FN fragments of the tile, whose
+   accumulators stay in registers over all of K; STAGE: the float chunks, then the converted. */
+template <typename T, int P, int K, int Q, bool ACC, bool TRANS, int BM, int BN, int STAGE, typename MA, typename MB>
+__device__ void gemm_tc(float* __restrict__ out, const MA a, const MB b, unsigned char* stage) {
   namespace wmma = nvcuda::wmma;
   typedef Precision<T> Pr;
-  constexpr int KC = Pr::K, TQ = Q / 16, TILES = (P / 16) * TQ, WARPS = FT_THREADS / 32;
-  constexpr int PER = (TILES + WARPS - 1) / WARPS;
-  static_assert(KC * sizeof(typename Pr::elem) == 32, "a staged row is 32 bytes");
-  typename Pr::elem* const sa = reinterpret_cast<typename Pr::elem*>(stage);
-  typename Pr::elem* const sb = sa + P * KC;
-  const int warp = threadIdx.x / 32;
-  wmma::fragment<wmma::accumulator, 16, 16, Pr::K, float> acc[PER];
-  for (int i = 0; i < PER; i++) {
-    const int t = warp + i * WARPS;
-    if (t >= TILES) continue;
-    if (ACC)
-      wmma::load_matrix_sync(acc[i], out + (t / TQ) * 16 * Q + (t % TQ) * 16, Q, wmma::mem_row_major);
-    else
-      wmma::fill_fragment(acc[i], 0.0f);
-  }
-  for (int k0 = 0; k0 < K; k0 += KC) {
-    __syncthreads();  /* the last stage has been multiplied */
-    for (int e = threadIdx.x; e < P * KC; e += FT_THREADS) sa[e] = Pr::convert(a[(e / KC) * K + k0 + e % KC]);
-    for (int e = threadIdx.x; e < KC * Q; e += FT_THREADS) sb[e] = Pr::convert(b[(k0 + e / Q) * Q + e % Q]);
-    __syncthreads();
-    for (int i = 0; i < PER; i++) {
-      const int t = warp + i * WARPS;
-      if (t >= TILES) continue;
-      wmma::fragment<wmma::matrix_a, 16, 16, Pr::K, typename Pr::frag, wmma::row_major> fa;
-      wmma::fragment<wmma::matrix_b, 16, 16, Pr::K, typename Pr::frag, wmma::row_major> fb;
-      wmma::load_matrix_sync(fa, sa + (t / TQ) * 16 * KC, KC);
-      wmma::load_matrix_sync(fb, sb + (t % TQ) * 16, Q);
-      Pr::round(fa);
-      Pr::round(fb);
-      wmma::mma_sync(acc[i], fa, fb, acc[i]);
+  typedef typename Pr::elem E;
+  enum { FK = Pr::K, BK = 2 * FK, PAD = 16 / sizeof(E), HA = BK + PAD, HB = TRANS ? BK + PAD : BN + PAD,
+         NK = (K + BK - 1) / BK };
+  typedef Chunks<BM, BN, BK, TRANS> C;
+  static_assert(C::BYTES + (BM * HA + (TRANS ? BN : BK) * HB) * sizeof(E) == STAGE,
+                "the stage the target allotted is this GEMM's");
+  enum { TI = BM / 16, TJ = BN / 16, WARPS = FT_THREADS / 32, WJ = TJ < WARPS ? TJ : WARPS,
+         WI = TI < WARPS / WJ ? TI : WARPS / WJ, FM = TI / WI, FN = TJ / WJ };
+  static_assert(P % 16 == 0 && Q % 16 == 0 && TI % WI == 0 && TJ % WJ == 0, "whole fragments for each warp");
+  const C ch = {reinterpret_cast<float*>(stage)};
+  E* const ha = reinterpret_cast<E*>(stage + C::BYTES);
+  E* const hb = ha + BM * HA;
+  const int warp = threadIdx.x / 32, wi = warp / WJ, wj = warp % WJ;
+  const bool active = warp < WI * WJ;
+  for (int m0 = 0; m0 < P; m0 += BM)
+    for (int n0 = 0; n0 < Q; n0 += BN) {
+      wmma::fragment<wmma::accumulator, 16, 16, FK, float> acc[FM][FN];
+      for (int x = 0; x < FM; x++)
+        for (int y = 0; y < FN; y++) {
+          const int p = m0 + (wi * FM + x) * 16, q = n0 + (wj * FN + y) * 16;
+          if (ACC && active && p < P && q < Q) wmma::load_matrix_sync(acc[x][y], out + p * Q + q, Q, wmma::mem_row_major);
+          else wmma::fill_fragment(acc[x][y], 0.0f);
+        }
+      ch.template load<P, K, Q>(0, a, b, m0, n0);
+      for (int c = 0; c < NK; c++) {
+        copies_wait();
+        __syncthreads();  /* chunk c is in; the last chunk's fragments have all been loaded */
+        if (c + 1 < NK) ch.template load<P, K, Q>(c + 1, a, b, m0, n0);
+        convert_chunk<Pr, BM, BK, C::LA, HA>(ha, ch.a(c));
+        if (TRANS) convert_chunk<Pr, BN, BK, C::LB, HB>(hb, ch.b(c));
+        else convert_chunk<Pr, BK, BN, C::LB, HB>(hb, ch.b(c));
+        __syncthreads();
+        if (!active) continue;
+        for (int k = 0; k < BK; k += FK) {
+          wmma::fragment<wmma::matrix_a, 16, 16, FK, typename Pr::frag, wmma::row_major> fa[FM];
+          wmma::fragment<wmma::matrix_b, 16, 16, FK, typename Pr::frag, typename LayoutB<TRANS>::type> fb[FN];
+          for (int x = 0; x < FM; x++) wmma::load_matrix_sync(fa[x], ha + (wi * FM + x) * 16 * HA + k, HA);
+          for (int y = 0; y < FN; y++)
+            wmma::load_matrix_sync(fb[y], TRANS ? hb + (wj * FN + y) * 16 * HB + k : hb + k * HB + (wj * FN + y) * 16, HB);
+          for (int x = 0; x < FM; x++)
+            for (int y = 0; y < FN; y++) wmma::mma_sync(acc[x][y], fa[x], fb[y], acc[x][y]);
+        }
+      }
+      __syncthreads();  /* the next tile's first chunk may overwrite the buffers */
+      if (!active) continue;
+      for (int x = 0; x < FM; x++)
+        for (int y = 0; y < FN; y++) {
+          const int p = m0 + (wi * FM + x) * 16, q = n0 + (wj * FN + y) * 16;
+          if (p < P && q < Q) wmma::store_matrix_sync(out + p * Q + q, acc[x][y], Q, wmma::mem_row_major);
+        }
     }
-  }
-  for (int i = 0; i < PER; i++) {
-    const int t = warp + i * WARPS;
-    if (t < TILES) wmma::store_matrix_sync(out + (t / TQ) * 16 * Q + (t % TQ) * 16, acc[i], Q, wmma::mem_row_major);
-  }
 }
 
 }  // namespace ft

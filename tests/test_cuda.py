@@ -117,13 +117,15 @@ def test_precision_errors():
 def test_batches_fused_elementwise_runs_and_accumulating_matmuls():
     """stacked_lstm: a block runs 16 sentences (the batch loop is tiled: its band dim counts
     tiles); the gate statement is two [16, 8] @ [8, 8] GEMMs accumulated into one tile plus
-    one fused bias pass; the cell's nine elementwise operations are one pass."""
+    one fused bias pass, each GEMM reading the 16 sentences' rows where they are (ft::Batch);
+    the cell's nine elementwise operations are one pass."""
     mod = WORKLOADS["stacked_lstm"]
     prog = ft.compile(mod.program, *mod.specs("small"), target="cuda-emulated")
     assert "+ 15) / 16" in prog.source
     gates, cell = (prog.source.split(f"__device__ static void {n}_t0(")[1].split("\n}\n")[0]
                    for n in ("S_b3", "S_b0"))
-    assert gates.count("ft::gemm_f32<16, 8, 8, false>") == 1 and gates.count("ft::gemm_f32<16, 8, 8, true>") == 1
+    assert gates.count("ft::gemm_f32<16, 8, 8, false, false,") == 1 and gates.count("ft::gemm_f32<16, 8, 8, true, false,") == 1
+    assert gates.count("ft::Batch<1>{") == 2
     assert cell.count("for (int _ef = threadIdx.x; _ef < _nb * 8;") == 1
     assert cell.count("(ft_arena + ") == 2  # h and c, which are stored; the gates stay in registers
 

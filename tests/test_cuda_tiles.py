@@ -6,7 +6,9 @@ import pytest
 
 import polyft as ft
 from helpers import flist, rand, spec
+from polyft.emit.cuda_statements import PRECISIONS, gemm_tiles
 from polyft.testing import rel_error
+from test_emulator import run_kernel
 
 pytestmark = pytest.mark.usefixtures("compile_cache")
 
@@ -19,21 +21,105 @@ def _gated_scan(xs, h0, w1, w2):
     return ft.scanl(lambda h, x: (x @ w1) * (x @ w2) + h, xs, h0)
 
 
-def test_left_operand_of_two_matmuls_is_staged_once():
-    """x @ w1 and x @ w2 read one shared copy of x (they declared two before: a compile error),
-    batched over the instances of the map: one, part of a batch, a batch and a tail."""
+def test_left_operand_of_two_matmuls_batched():
+    """x @ w1 and x @ w2 in one statement (they declared one staged copy of x twice before: a
+    compile error): both GEMMs read the batch's x tiles where they are, for one instance,
+    part of a batch, and a batch and a tail."""
     w1, w2 = rand((8, 6), 1), rand((8, 6), 2)
     prog = ft.compile(lambda xs: _gated(xs, w1, w2), spec(["N"], [4, 8]), target="cuda-emulated")
-    assert prog.source.count("ft::gather_tiles<float, 16, 32>(v") == 1
+    assert prog.source.count("ft::Batch<4>{v0, (int)_nb, 8, 0}") == 2
     for n in (1, 5, 21):
         xs = flist([n], [4, 8], 3 + n)
         assert rel_error(prog(xs), _gated(xs, w1, w2)) < 1e-5
 
 
 def test_left_operand_of_two_matmuls_unbatched():
-    """In a scan's step (no batch) the staged x is also one tile for both products."""
+    """In a scan's step (no batch) both products read the step's x in place."""
     w1, w2 = rand((8, 8), 4), rand((8, 8), 5)
     xs, h0 = flist([5], [4, 8], 6), rand((4, 8), 7)
     prog = ft.compile(lambda xs, h0: _gated_scan(xs, h0, w1, w2), xs, h0, target="cuda-emulated")
-    assert prog.source.count("ft::load_tile(v") == 1
+    assert prog.source.count("ft::Rows{v0 + 0, 8}") == 2
     assert rel_error(prog(xs, h0), _gated_scan(xs, h0, w1, w2)) < 1e-5
+
+
+# -- the GEMMs of the tile library on hand-written kernels --------------------------------
+def _gemm(precision, P, K, Q, acc, trans, out, a, b) -> str:
+    """One call of ft::gemm_f32 / ft::gemm_tc with the tiles and stage the target would give."""
+    BM, BN, nbytes = gemm_tiles(P, Q, trans, precision)
+    name = "ft::gemm_f32<" if precision == "fp32" else f"ft::gemm_tc<{PRECISIONS[precision][0]}, "
+    return (f"{{ __shared__ __align__(64) unsigned char stage[{nbytes}];\n"
+            f"  {name}{P}, {K}, {Q}, {str(acc).lower()}, {str(trans).lower()}, {BM}, {BN}, {nbytes}>"
+            f"({out}, {a}, {b}, stage); __syncthreads(); }}\n")
+
+
+def _products(precision, P, K, Q, seed, lda=None, offset=0):
+    """out = a @ b, and acc = c0 + a @ x.T with x = b.T (the transposed operand), for a whose
+    rows are `lda` floats apart from column `offset` on (16-byte alignment lost when these
+    are not multiples of 4)."""
+    lda = lda or K
+    rng = np.random.default_rng(seed)
+    a_full, b, c0 = (rng.standard_normal(s).astype(np.float32) for s in ((P, lda), (K, Q), (P, Q)))
+    a = a_full[:, offset:offset + K]
+    x = np.ascontiguousarray(b.T)
+    out, acc = np.full((P, Q), np.nan, np.float32), c0.copy()
+    rows = f"ft::Rows{{c->b0 + {offset}, {lda}}}"
+    run_kernel(_gemm(precision, P, K, Q, False, False, "c->b3", rows, f"ft::Rows{{c->b1, {Q}}}")
+               + _gemm(precision, P, K, Q, True, True, "c->b4", rows, f"ft::Rows{{c->b2, {K}}}"),
+               a_full, b, x, out, acc)
+    return a, b, c0, out, acc
+
+
+@pytest.mark.parametrize("P, K, Q, lda, offset", [
+    (1, 8, 8, 8, 0), (5, 7, 300, 7, 0), (33, 16, 3, 19, 3), (64, 32, 64, 32, 0), (130, 37, 129, 40, 2)])
+def test_gemm_f32_with_tails_transposed_and_accumulating(P, K, Q, lda, offset):
+    """Shapes that are not multiples of the tiles (P, Q past 128: several block tiles; K not a
+    multiple of the 16-deep chunks; rows not 16-byte aligned: 4-byte copies)."""
+    a, b, c0, out, acc = _products("fp32", P, K, Q, P * K * Q, lda, offset)
+    want = a.astype(np.float64) @ b
+    assert rel_error(out, want) < 1e-6
+    assert rel_error(acc, want + c0) < 1e-6
+
+
+@pytest.mark.parametrize("nb", [4, 2, 0])
+def test_gemm_reads_a_batch_of_instances_rows(nb):
+    """ft::Batch: 4 instances' 3 x 10 tiles (from column 2 of 12-wide rows, in scattered
+    places) as one 12-row operand, zeros for the instances past nb."""
+    rng = np.random.default_rng(nb)
+    x, b = rng.standard_normal((5, 3, 12)).astype(np.float32), rng.standard_normal((10, 20)).astype(np.float32)
+    out = np.full((12, 20), np.nan, np.float32)
+    run_kernel("const float* src[4];\n  for (int i = 0; i < 4; i++) src[i] = c->b0 + ((3 * i + 1) % 5) * 36;\n"
+               + _gemm("fp32", 12, 10, 20, False, False, "c->b2", f"ft::Batch<3>{{src, {nb}, 12, 2}}",
+                       "ft::Rows{c->b1, 20}"), x, b, out)
+    a = np.zeros((4, 3, 10), np.float32)
+    a[:nb] = x[[(3 * i + 1) % 5 for i in range(nb)], :, 2:]
+    assert rel_error(out, a.reshape(12, 10).astype(np.float64) @ b) < 1e-6
+
+
+def _bf16(x):
+    """bf16 rounding (to nearest, ties to even) by integer arithmetic on the float32 bits."""
+    u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.astype(np.uint32).view(np.float32)
+
+
+def _tf32(x):
+    u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0xFFF + ((u >> 13) & 1)) & 0xFFFFE000
+    return u.astype(np.uint32).view(np.float32)
+
+
+ROUNDING = {"fp16": lambda x: x.astype(np.float16).astype(np.float32), "bf16": _bf16, "tf32": _tf32}
+
+
+@pytest.mark.parametrize("precision", list(ROUNDING))
+@pytest.mark.parametrize("P, K, Q", [(16, 16, 16), (32, 40, 144), (144, 24, 32)])
+def test_gemm_on_tensor_cores_rounds_operands_and_accumulates_in_float(precision, P, K, Q):
+    """The operands rounded to the precision (numpy's float16, bf16 and tf32 by integer
+    arithmetic), products summed in float32: K not a multiple of the chunk (zeros past it),
+    P or Q past 128 (several block tiles), b read as given and as x.T."""
+    a, b, c0, out, acc = _products(precision, P, K, Q, P + K + Q)
+    rounding = ROUNDING[precision]
+    want = rounding(a).astype(np.float64) @ rounding(b)
+    assert rel_error(out, want) < 1e-6  # only the float32 accumulation order differs
+    assert rel_error(acc, want + c0) < 1e-6
+    assert rel_error(out, a.astype(np.float64) @ b) > 1e-6  # the operands really were rounded

@@ -1,7 +1,6 @@
 """The CUDA emulator (emit/emulate.hpp) and the tile library (emit/tiles.cuh) on hand-written
 kernels: what the emulator must catch (a missing barrier, a barrier not all threads reach),
-and each tile routine against numpy, with the tensor cores' rounding written differently
-(numpy's float16, bf16 by truncating integers)."""
+and the tile library's reductions against numpy (its GEMMs: tests/test_cuda_tiles.py)."""
 import numpy as np
 import pytest
 
@@ -114,59 +113,3 @@ def test_row_reductions_and_online_softmax(rows, n):
     assert rel_error(mean, finite.mean(1)) < 1e-6
     e = np.exp(x.astype(np.float64) - x.max(1, keepdims=True))
     assert rel_error(sm, e / e.sum(1, keepdims=True)) < 1e-6
-
-
-@pytest.mark.parametrize("P, K, Q", [(1, 8, 8), (5, 7, 300), (33, 16, 3), (64, 32, 64)])
-def test_gemm_f32_and_its_accumulating_form(P, K, Q):
-    rng = np.random.default_rng(P * K * Q)
-    a, b, c0 = (rng.standard_normal(s).astype(np.float32) for s in ((P, K), (K, Q), (P, Q)))
-    out, acc = np.zeros((P, Q), np.float32), c0.copy()
-    run_kernel(f"ft::gemm_f32<{P}, {K}, {Q}, false>(c->b2, c->b0, c->b1); __syncthreads();\n"
-               f"ft::gemm_f32<{P}, {K}, {Q}, true>(c->b3, c->b0, c->b1);", a, b, out, acc)
-    want = a.astype(np.float64) @ b
-    assert rel_error(out, want) < 1e-6
-    assert rel_error(acc, want + c0) < 1e-6
-
-
-def _bf16(x):
-    """bf16 rounding (to nearest, ties to even) by integer arithmetic on the float32 bits."""
-    u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
-    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
-    return u.astype(np.uint32).view(np.float32)
-
-
-def _tf32(x):
-    u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
-    u = (u + 0xFFF + ((u >> 13) & 1)) & 0xFFFFE000
-    return u.astype(np.uint32).view(np.float32)
-
-
-@pytest.mark.parametrize("precision, element, rounding", [
-    ("fp16", "__half", lambda x: x.astype(np.float16).astype(np.float32)),
-    ("bf16", "__nv_bfloat16", _bf16),
-    ("tf32", "nvcuda::wmma::precision::tf32", _tf32)])
-@pytest.mark.parametrize("P, K, Q", [(16, 16, 16), (32, 48, 64), (48, 64, 16)])
-def test_gemm_on_tensor_cores_rounds_operands_and_accumulates_in_float(precision, element, rounding, P, K, Q):
-    rng = np.random.default_rng(P + K + Q)
-    a, b, c0 = (rng.standard_normal(s).astype(np.float32) for s in ((P, K), (K, Q), (P, Q)))
-    out, acc = np.zeros((P, Q), np.float32), c0.copy()
-    run_kernel(f"__shared__ __align__(32) unsigned char stage[32 * ({P} + {Q})];\n"
-               f"ft::gemm_tc<{element}, {P}, {K}, {Q}, false>(c->b2, c->b0, c->b1, stage); __syncthreads();\n"
-               f"ft::gemm_tc<{element}, {P}, {K}, {Q}, true>(c->b3, c->b0, c->b1, stage);", a, b, out, acc)
-    want = rounding(a).astype(np.float64) @ rounding(b)
-    assert rel_error(out, want) < 1e-6  # only the float32 accumulation order differs
-    assert rel_error(acc, want + c0) < 1e-6
-    assert rel_error(out, a.astype(np.float64) @ b) > 1e-6  # the operands really were rounded
-
-
-@pytest.mark.parametrize("n, nb", [(8, 3), (6, 4), (12, 0)])
-def test_gather_tiles_side_by_side_with_zeros_after_the_batch(n, nb):
-    x = np.random.default_rng(n).standard_normal((5, n)).astype(np.float32)
-    out = np.full((4, n), np.nan, np.float32)
-    run_kernel(f"""
-  const float* src[4];
-  for (int b = 0; b < 4; b++) src[b] = c->b0 + ((3 * b + 1) % 5) * {n};
-  ft::gather_tiles<float, 4, {n}>(c->b1, src, {nb});""", x, out)
-    want = np.zeros((4, n), np.float32)
-    want[:nb] = x[[(3 * b + 1) % 5 for b in range(nb)]]
-    np.testing.assert_array_equal(out, want)
