@@ -17,15 +17,16 @@ import ctypes
 
 import numpy as np
 
-from polyft.errors import CompileError
+from polyft.errors import PolyftError
 
 from .runtime_cuda import Backend, CudaRuntime, EmulatedBackend
 
 # GCC emits these hooks for -fsanitize=thread; `memcpy` & co. in the emulated code become
 # __tsan_memcpy & co., which must also do the copy.
+MAX_RANGES = 256
 COUNTERS = r"""
 extern "C" {
-enum { FT_MAX_RANGES = 256 };
+enum { FT_MAX_RANGES = %d };
 static uintptr_t ft_lo[FT_MAX_RANGES], ft_hi[FT_MAX_RANGES];
 static long long ft_bytes[FT_MAX_RANGES][2];  /* read, written */
 static int ft_ranges;
@@ -62,7 +63,8 @@ FT_HOOK void __tsan_func_entry(void*) {}
 FT_HOOK void __tsan_func_exit(void*) {}
 FT_HOOK void __tsan_init(void) {}
 }
-"""
+""" % MAX_RANGES
+
 
 class CountingBackend(EmulatedBackend):
     """The emulator's build of a module with every global access counted (module doc);
@@ -87,7 +89,7 @@ class CountingBackend(EmulatedBackend):
         if arr.nbytes and arr.ctypes.data not in self.ranges:
             r = self._lib.ft_count_range(arr.ctypes.data, arr.nbytes)
             if r < 0:
-                raise CompileError("too many buffers to count", op="gpu_profile")
+                raise PolyftError(f"more than {MAX_RANGES} buffers to count", op="emulated_traffic")
             self.ranges[arr.ctypes.data] = r
         return super().upload(arr)
 
