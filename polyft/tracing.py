@@ -976,18 +976,19 @@ def trace(fn, *args) -> ETDG:
         for k, leaf in enumerate(out_leaves):
             b = _write_leaf(leaf, [], None, "return") if isinstance(leaf, Value) else \
                 (_fresh(leaf, []) or _fresh(traced_compute("map", _copy, [leaf], None), []))
-            if b.kind == "input":  # returning an input unchanged: copy it
+            if b.kind == "input" or b in outputs:  # an input, or a value returned twice: a copy of its own
                 b = _fresh(traced_compute("map", _copy, [leaf], None), [])
             b.kind = "output"
             nm = out_names[k] if k < len(out_names) and out_names[k] else ("out" if len(out_leaves) == 1
                                                                            else f"out{k}")
-            b.name = nm if nm not in names else f"{nm}_out"
+            b.name = _unused(nm if nm not in names else f"{nm}_out", {*names, *(o.name for o in outputs)})
             outputs.append(b)
         drop_dead_ops(st.root)
         merge_perfect_nests(st.root)
         _name_blocks(st.root)
         used = referenced(st.root) | {b for _, b in inputs if b} | set(outputs)
         buffers = [b for b in st.buffers if b.alias_of is None and b in used]
+        _rename_clashes(buffers, {*names, *(o.name for o in outputs)})
         fn_name = getattr(fn, "__name__", "program")
         if fn_name == "program":
             fn_name = getattr(fn, "__module__", "program").rsplit(".", 1)[-1]
@@ -997,6 +998,25 @@ def trace(fn, *args) -> ETDG:
         return etdg
     finally:
         _TRACING.state = None
+
+
+def _unused(name: str, taken: set) -> str:
+    """`name`, or `name_1`, `name_2`, ... where it is taken."""
+    k, out = 0, name
+    while out in taken:
+        k += 1
+        out = f"{name}_{k}"
+    return out
+
+
+def _rename_clashes(buffers, user_names: set) -> None:
+    """Internal buffers (t0, c0, ...) named like an input or output of the user's (`t0 = ...;
+    return t0`) get another name: the model tells buffers apart by name."""
+    taken = {b.name for b in buffers} | user_names
+    for b in buffers:
+        if b.kind not in ("input", "output") and b.name in user_names:
+            b.name = _unused(b.name, taken)
+            taken.add(b.name)
 
 
 def _endless_recursion(e: RecursionError) -> TracerControlFlowError:

@@ -514,8 +514,10 @@ def _own_lengths(model: PolyModel, user: isl.UnionMap) -> isl.UnionMap:
     """The user's schedule over the program's lengths only. A parameter the program does not
     have (every one, for a program traced from concrete inputs, whose lengths are numbers) is
     fixed where the schedule's bounds make its statements' domains exactly those of the program
-    (every dim bounded, `0 <= k < L` with k in [0, 5): L = 5), then projected out; the
-    schedule's times must not depend on it otherwise, which is a ScheduleError."""
+    (every dim bounded, `0 <= k < L` with k in [0, 5): L = 5) whatever the program's own lengths,
+    then projected out (a condition on it alone, `Q > 0`, holds for some value: it drops out,
+    from specs as from inputs); the schedule's times must not depend on it otherwise, which is a
+    ScheduleError."""
     extra = [p for p in param_names(user.get_space()) if p not in model.params]
     if not extra:
         return user
@@ -526,7 +528,10 @@ def _own_lengths(model: PolyModel, user: isl.UnionMap) -> isl.UnionMap:
                      for n in dict.fromkeys(m.get_tuple_name(isl.dim_type.in_) for m in named))
         values = isl.Set.universe(given.params().get_space()).intersect_params(model.context) \
             .subtract(given.subtract(doms).params()).subtract(doms.subtract(given).params())
-        if not values.is_empty():  # the bounds tell the lengths' values: keep those
+        known = values
+        for p in extra:  # the program's lengths for which the bounds tell the others' values
+            known = known.project_out(isl.dim_type.param, known.get_space().find_dim_by_name(isl.dim_type.param, p), 1)
+        if not values.is_empty() and model.context.is_subset(known):  # for every length of the program: keep them
             user = user.intersect_params(values)
 
     def without(um, names):

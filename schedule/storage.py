@@ -176,7 +176,9 @@ def _dims_text(dims) -> str:
 
 
 def _time_space(schedule: Schedule) -> isl.Space:
-    m = maps(schedule.map)[0]
+    """The space of time vectors (from a statement's map: the union of them all is empty when every
+    list has length 0)."""
+    m = next(iter(schedule.per_statement.values()))
     return m.get_space().range()
 
 

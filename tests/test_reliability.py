@@ -12,7 +12,8 @@ import pytest
 from helpers import assert_same, flist, rand
 
 import polyft as ft
-from polyft.errors import DepthError, InPlaceError, InputError, ScheduleError, ShapeError, SpecError
+from polyft.errors import (DepthError, DTypeError, InPlaceError, InputError, PolyftError, ScheduleError, ShapeError,
+                           SpecError)
 from polyft.schedule.schedule import SCAN_FLOOR, scan_size
 from polyft.testing import rel_error
 from polyft.workloads import stacked_rnn
@@ -276,3 +277,110 @@ def test_a_traced_value_used_in_another_thread_is_an_error():
     t.start()
     t.join()
     assert isinstance(seen[0], ft.errors.PolyftError) and "after its trace ended" in str(seen[0])
+
+
+# -- valid programs that raised, and misuse that raised raw errors -----------------------------------------
+def returned_twice(xs):
+    y = xs.map(lambda x: ft.tanh(x))
+    return y, y
+
+
+def named_like_a_buffer(xs):
+    a = xs.map(lambda x: ft.tanh(x))  # the tracer's buffer t0
+    t1 = a.map(lambda x: x * 2.0)
+    t0 = t1.map(lambda x: x + 1.0)
+    return t0, t1
+
+
+def returned_twice_among_others(xs):
+    a = xs.map(lambda x: ft.tanh(x))
+    return a, a.map(lambda x: x * 2.0), a
+
+
+@pytest.mark.parametrize("fn", [returned_twice, named_like_a_buffer, returned_twice_among_others])
+def test_valid_programs_that_were_single_assignment_errors(fn):
+    """A value returned twice, or a variable named like an internal buffer, made two buffers of
+    one name ("a buffer element is written twice"). Each output gets a buffer and a name of its own."""
+    xs = flist([3], (1, 4), 10)
+    prog = ft.compile(fn, xs)
+    names = [b.name for b in prog.etdg.outputs]
+    assert len(set(names)) == len(names) and len({b.name for b in prog.etdg.buffers}) == len(prog.etdg.buffers)
+    assert_same(prog(xs), fn(xs))
+    if fn is named_like_a_buffer:
+        assert names == ["t0", "t1"]
+
+
+def added(xs, ys):
+    return ft.map(lambda x, y: x + y, xs, ys)
+
+
+def test_keyword_arguments_by_the_functions_parameter_names():
+    xs, ys = flist([3], (1, 4), 11), flist([3], (1, 4), 12)
+    prog = ft.compile(added, xs, ys)
+    for got in (prog(xs=xs, ys=ys), prog(ys=ys, xs=xs), prog(xs, ys=ys)):
+        assert_same(got, added(xs, ys))
+    for bad, fragment in [(lambda: prog(xs, zs=ys), "unknown or given twice: zs; missing: ys"),
+                          (lambda: prog(xs, xs=xs), "unknown or given twice: xs; missing: ys")]:
+        with pytest.raises(InputError) as e:
+            bad()
+        assert "takes (xs, ys)" in str(e.value) and fragment in str(e.value), str(e.value)
+
+
+def test_pickling_a_program_says_what_to_do_and_deepcopy_shares_it():
+    import copy
+    import pickle
+    xs = flist([3], (1, 4), 13)
+    prog = ft.compile(tanh_rows, xs)
+    for program in (prog, ft.analyze(tanh_rows, xs)):
+        with pytest.raises(PolyftError) as e:
+            pickle.dumps(program)
+        assert e.value.op == "pickle" and "ft.compile" in str(e.value) and "fork" in str(e.value)
+    assert copy.deepcopy(prog) is prog and copy.deepcopy([prog])[0] is prog
+    assert_same(copy.deepcopy(prog)(xs), tanh_rows(xs))
+
+
+@pytest.mark.parametrize("fn", [
+    lambda xs: xs.map(lambda x: ft.tanh(x)),
+    lambda xs: xs.scanl(lambda s, x: s + x, ft.zeros((1, 4))),
+    lambda xs: xs.shift(1).map(lambda x: x * 2.0),
+    lambda xs: xs.reduce(lambda s, x: s + x, ft.ones((1, 4))),
+], ids=["map", "scanl", "shift", "reduce"])
+def test_empty_lists_compile_from_concrete_inputs(fn):
+    """A program traced from a list of length 0 has no instances: the storage mapping took the time
+    space from the (empty) union of the schedule's maps, a raw IndexError."""
+    empty = ft.FractalTensor.from_numpy(np.zeros((0, 1, 4), np.float32), 1)
+    assert_same(ft.compile(fn, empty)(empty), fn(empty))
+
+
+@pytest.mark.parametrize("fn", [lambda xs: xs[0:0].map(lambda x: x * 2.0),
+                                lambda xs: xs.gather([]).map(lambda x: x * 2.0)], ids=["slice", "gather"])
+def test_empty_accesses_of_a_list_compile(fn):
+    xs = flist([3], (1, 4), 14)
+    assert_same(ft.compile(fn, xs)(xs), fn(xs))
+
+
+@pytest.mark.parametrize("dtype", ["bool", "uint8", "int8", "int16", "uint64", "complex64"])
+def test_numpy_inputs_of_a_dtype_compiled_code_lacks_are_a_dtype_error(dtype):
+    """Eagerly x + x works on them; compiled, they were a KeyError in the C generator."""
+    a = np.ones((1, 4), dtype=dtype)
+    with pytest.raises(DTypeError) as e:
+        ft.compile(lambda x: x + x, a)
+    assert f"input x is {dtype}" in str(e.value) and ".astype(np.float32)" in str(e.value)
+    mask = np.ones((1, 4), dtype=dtype)
+    with pytest.raises(DTypeError) as e:
+        ft.compile(lambda xs: xs.map(lambda x: x * mask), flist([2], (1, 4), 0))  # captured-here
+    at_line(e.value, "captured-here")
+    assert f"captured array {dtype}[1, 4]" in str(e.value)
+
+
+@pytest.mark.parametrize("source", ["inputs", "specs"])
+def test_a_schedule_naming_a_length_the_program_lacks_means_the_same_from_specs_and_inputs(source):
+    """`[Q] -> {...: Q > 0}`: Q is not the program's, and a condition on it alone holds for some Q;
+    from inputs it dropped out, from specs the schedule came out empty ("gives no time to S_b0, it
+    gives none"). Both now schedule as without it; a time that depends on Q is a ScheduleError."""
+    args = stacked_rnn.inputs("small", 0) if source == "inputs" else stacked_rnn.specs("small")
+    plain = ft.analyze(stacked_rnn.program, *args, schedule="{ S_b0[i, j, k] -> [j + k, j, i] }")
+    with_q = ft.analyze(stacked_rnn.program, *args, schedule="[Q] -> { S_b0[i, j, k] -> [j + k, j, i] : Q > 0 }")
+    assert with_q.schedule.map.is_equal(plain.schedule.map)
+    with pytest.raises(ScheduleError, match="depend on Q, which the program does not know"):
+        ft.analyze(stacked_rnn.program, *args, schedule="[Q] -> { S_b0[i, j, k] -> [j + k + Q, j, i] }")
