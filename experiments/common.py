@@ -50,13 +50,19 @@ def meta() -> dict:
                                                                                            "native")}
 
 
+# XLA hands its dots to YNNPACK, which picks its kernels from the CPU and ignores
+# --xla_cpu_max_isa: "capped at AVX2" it ran a 1024^3 sgemm at 245 GFLOP/s on one AVX-512 core,
+# 1.7x the AVX2 peak. Without it XLA emits its own dots, which the cap holds (127 GFLOP/s, 89% of
+# the AVX2 peak). On a real AVX2 host JAX would run YNNPACK's AVX2 kernels, maybe a little faster.
+XLA_OWN_DOTS = "--xla_cpu_experimental_ynn_fusion_type="
+
 # The ISA ceiling for the peers that $POLYFT_MARCH sets for the generated C, so that an AVX-512
 # host measures what an AVX2 host would see from every system: torch's ATen kernels, MKL,
 # oneDNN and XLA read these variables when they load (numpy's OpenBLAS too, but numpy is loaded
 # before any experiment runs: $OPENBLAS_CORETYPE is the caller's to set).
 PEER_ISA = {
     "haswell": dict(ATEN_CPU_CAPABILITY="avx2", MKL_ENABLE_INSTRUCTIONS="AVX2", ONEDNN_MAX_CPU_ISA="AVX2",
-                    XLA_FLAGS="--xla_cpu_max_isa=AVX2"),
+                    XLA_FLAGS=f"--xla_cpu_max_isa=AVX2 {XLA_OWN_DOTS}"),
     "skylake-avx512": dict(ATEN_CPU_CAPABILITY="avx512", MKL_ENABLE_INSTRUCTIONS="AVX512",
                            ONEDNN_MAX_CPU_ISA="AVX512_CORE", XLA_FLAGS="--xla_cpu_max_isa=AVX512"),
 }
