@@ -45,7 +45,7 @@ __device__ unsigned int ft_grid_arrived, ft_grid_generation;
    generation. The fences publish this block's writes before it arrives and order the others'
    before its reads; a barrier still closed after ~10 s traps (a block that is not resident
    would otherwise hang the GPU). */
-__device__ __noinline__ void ft_grid_sync() {
+__device__ __forceinline__ void ft_grid_sync() {
   __syncthreads();
   if (threadIdx.x == 0) {
     volatile unsigned int* generation = &ft_grid_generation;
@@ -80,6 +80,7 @@ class Band:
     called: set
     most: str | None
     depth: int
+    tiled: int | None = None  # which of `dims` is the tiled loop (a batch of `tb` per instance)
 
 
 class PersistentKernel:
@@ -229,7 +230,8 @@ class PersistentKernel:
         run = cgen.If(" && ".join(f"({g})" for g in guards), inst) if guards else inst
         loop = cgen.For("long ft_f = blockIdx.x", f"ft_f < {total}", "ft_f += gridDim.x",
                         cgen.Block([cgen.Line("long ft_r = ft_f;")] + [ln for lines in decode for ln in lines] + [run]))
-        self.bands.append(Band([level(lp) for lp in band], called, self._most(band, path), depth))
+        tiled = next((d for d, lp in enumerate(band) if loop_key(lp) in self.tiles), None)
+        self.bands.append(Band([level(lp) for lp in band], called, self._most(band, path), depth, tiled))
         return cgen.Block(head + [loop, cgen.Statement("ft_grid_sync()")])
 
     def _tile(self, band):

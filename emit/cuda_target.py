@@ -36,6 +36,7 @@ import islpy as isl
 
 from polyft.affine import Length
 from polyft.errors import CompileError
+from polyft.schedule.storage import Batch, check, conflicts, happens_before, mapping, successive_moduli
 
 from . import cuda_arena
 from .c_family import MACROS, TILE, const_decl, local_batches, prepare, statement_functions, tiled_loops
@@ -95,21 +96,32 @@ class CudaTarget(Target):
     def generate(self, model, schedule, precision: str = "fp32", storage=None) -> CudaModule:
         """The parallel loop whose statements gain most (isl_ast.tileable_loops) runs TILE
         instances per block, fewer where their tiles would not fit in shared memory, none if
-        even 2 do not. Local buffers take what shared memory the tiles of that batch leave
-        (local_places): those that do not fit stay global, the batch is not made smaller."""
-        for tb in (TILE, TILE // 2, TILE // 4, 2):
+        even 2 do not; fewer also where the local buffers a block could own would not fit
+        beside the tiles (local_places), down to none batched: state on chip (flash
+        attention's running max, sum and output) saves more DRAM traffic than a batch's
+        shared operands. Among equals, the largest batch."""
+        best = None
+        for tb in (TILE, TILE // 2, TILE // 4, 2, None):
             try:
-                return self._generate(model, schedule, precision, storage, tb)
+                module, wanted = self._generate(model, schedule, precision, storage, tb)
             except SharedMemoryError:
-                pass
-        return self._generate(model, schedule, precision, storage, None)
+                continue
+            if len(module.layout.local) == wanted:
+                return module
+            if best is None or len(module.layout.local) > len(best.layout.local):
+                best = module
+        if best is None:  # even unbatched: the error, with its numbers
+            return self._generate(model, schedule, precision, storage, None)[0]
+        return best
 
-    def _generate(self, model, schedule, precision, storage, tb) -> CudaModule:
+    def _generate(self, model, schedule, precision, storage, tb) -> tuple:
+        """(the module with `tb` instances per batch, how many local buffers a block could own)."""
         etdg = model.etdg
         ast = build_ast(schedule.map, model.context)
         tiles = tiled_loops(etdg, ast, schedule.parallel, tb) if tb else {}
         driver = PersistentKernel(ast, schedule.parallel, tiles, tb, list(model.params))
-        kernel_of, local = local_candidates(etdg, storage, ast, schedule.parallel, tiles, driver)
+        kernel_of, local = local_candidates(etdg, storage, ast, schedule.parallel, tiles, driver, model)
+        wanted = len(local)
         nbytes = {name: local_bytes(storage.buffers[name], w, model.sizes) for name, w in local.items()}
         local = {name: w for name, w in local.items() if nbytes[name] is not None}
         while True:  # the statements for these local buffers; again if some must go back to global memory
@@ -160,17 +172,16 @@ class CudaTarget(Target):
                              + [const_decl(n, v, "__device__ const") for n, v in consts.values()]
                              + [cgen.Line("")] + functions + [cgen.Line(""), kernel])
         return CudaModule(str(module) + "\n", layout, tuple(params), driver.source(), [0], shared, self.threads,
-                          tuple(driver.serial))
+                          tuple(driver.serial)), wanted
 
 
-def local_candidates(etdg, storage, ast, parallel: list, tiles: dict, driver: PersistentKernel) -> tuple:
-    """(buffer name -> its band, buffer name -> storage.Batch) of the local buffers a block
-    may keep in shared memory: c_family.local_batches' (placed "local", every access inside
-    a parallel loop; TILE where the slot loop is tiled, i.e. the moduli for BATCH, which
-    cover a block's `tb` <= BATCH iterations) whose every statement is called in one band of
-    the kernel (cuda_host.Band), each element's accesses all in one instance of it (`owned`):
-    the block running that instance owns the element for its whole life, whatever the band's
-    shape, and the instance's slot iterations are one, a tile, or run in order inside it."""
+def local_candidates(etdg, storage, ast, parallel: list, tiles: dict, driver: PersistentKernel, model) -> tuple:
+    """(buffer name -> its band, buffer name -> Instance) of the local buffers a block may keep
+    in shared memory: c_family.local_batches' (placed "local", every access inside a parallel
+    loop) whose every statement is called in one band of the kernel (cuda_host.Band), each
+    element's accesses all in one instance of it (`owned`): the block running that instance
+    owns the element for its whole life, whatever the band's shape. Its cells are those of
+    one instance (`instance_cells`)."""
     if storage is None:
         return {}, {}
     widths = local_batches(etdg, storage, ast, parallel, tiles, False)
@@ -182,11 +193,26 @@ def local_candidates(etdg, storage, ast, parallel: list, tiles: dict, driver: Pe
             for am in st.reads + st.writes:
                 bands.setdefault(am.buffer.resolve().name, set()).add(k)
     kernel_of, local = {}, {}
-    for name, width in widths.items():
+    for name in widths:
         ks = bands.get(name, set())
-        if len(ks) == 1 and owned(storage.buffers[name], driver.bands[min(ks)].depth):
-            kernel_of[name], local[name] = min(ks), width
+        if len(ks) != 1:
+            continue
+        band = driver.bands[min(ks)]
+        if owned(storage.buffers[name], band.depth):
+            tiled = band.dims[band.tiled] if band.tiled is not None else None
+            inst = Instance(driver.tb if tiled is not None else 1, False, band.depth, tiled)
+            instance_cells(storage, name, inst, model)
+            kernel_of[name], local[name] = min(ks), inst
     return kernel_of, local
+
+
+@dataclass(frozen=True)
+class Instance(Batch):
+    """How a block runs the elements of a local buffer: one instance of a band, i.e. the
+    statement instances whose first `depth` time dims agree, except time dim `tiled` (the
+    band's tiled loop, if any), on which they are less than `width` apart."""
+    depth: int = 0
+    tiled: int | None = None
 
 
 def owned(s, depth: int) -> bool:
@@ -197,6 +223,32 @@ def owned(s, depth: int) -> bool:
     for j in range(depth):
         same = same.equate(isl.dim_type.in_, j, isl.dim_type.out, j)
     return pairs.is_subset(same)
+
+
+def instance_cells(storage, name: str, inst: Instance, model) -> None:
+    """Adds to buffer `name`'s local storage (BufferStorage.local) the successive-modulo
+    contraction for one block's instance `inst`: the conflicts (schedule.storage) between
+    elements accessed in one instance, checked with ISL like the storage's own. A block owns
+    far fewer elements than a batch of the slot loop (flash attention's o: the query tiles of
+    one instance, not every head's), so the cells of a band over B x NH x TQ fit on chip."""
+    s = storage.buffers[name]
+    if inst in s.local:
+        return
+    before = happens_before(storage.schedule)
+    space = s.live.get_space().range()
+    n = space.dim(isl.dim_type.set)
+    ins, outs = [f"i{j}" for j in range(n)], [f"o{j}" for j in range(n)]
+    cons = [f"o{j} = i{j}" for j in range(inst.depth) if j != inst.tiled]
+    if inst.tiled is not None:
+        cons.append(f"-{inst.width} < o{inst.tiled} - i{inst.tiled} < {inst.width}")
+    near = isl.Map(f"{{ [{', '.join(ins)}] -> [{', '.join(outs)}] : {' and '.join(cons) or 'true'} }}")
+    near = near.align_params(space)
+    same = s.live.apply_range(near).apply_range(s.live.reverse())
+    within = conflicts(s.written, s.live, before).intersect(same)
+    moduli = successive_moduli(within, model.context)
+    cells = mapping(name, moduli, model.params)
+    check(name, within, cells, model.context)
+    s.local[inst] = (moduli, cells)
 
 
 def local_bytes(s, batch, sizes: dict) -> int | None:
@@ -219,8 +271,8 @@ def local_bytes(s, batch, sizes: dict) -> int | None:
 
 
 # local buffers may grow a block's shared memory up to this: two blocks still fit on an SM
-# (228 KB on sm_90); more would trade occupancy for on-chip state
-LOCAL_BUDGET = 100 * 1024
+# (228 KB on sm_90, 1 KB of it reserved per block); more would trade occupancy for on-chip state
+LOCAL_BUDGET = 113 * 1024
 
 
 def local_places(storage, local: dict, kernel_of: dict, nbytes: dict, arena: int) -> tuple:

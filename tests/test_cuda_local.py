@@ -11,7 +11,7 @@ import pytest
 
 import polyft as ft
 from polyft.emit.cuda_arena import SHARED_LIMIT
-from polyft.emit.cuda_target import ALIGN, CudaTarget
+from polyft.emit.cuda_target import ALIGN, LOCAL_BUDGET, CudaTarget
 from polyft.schedule.storage import Storage
 from polyft.testing import rel_error
 from polyft.workloads import WORKLOADS
@@ -122,6 +122,39 @@ def test_nvcc_compiles_local_buffers(name, preset, tmp_path):
     _nvcc(gen.source, tmp_path)
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed on this machine")
+@pytest.mark.parametrize("name", ["flash_attention", "b2b_gemm"])
+def test_reduce_states_stay_on_chip_at_the_paper_shape(name, tmp_path):
+    """From the paper's specs (unknown lengths): the band over B x NH x TQ (flash attention)
+    or the row tiles (b2b) gives each block one instance, whose cells of the running max, sum
+    and output (the accumulator) are a few tiles, so they fit beside the tiles within
+    LOCAL_BUDGET: the batch of query tiles is given up for them. nvcc compiles it."""
+    mod = WORKLOADS[name]
+    prog = ft.analyze(mod.program, *mod.specs("paper"))
+    gen = CudaTarget().generate(prog.model, prog.schedule, storage=prog.storage)
+    check_places(gen, prog.storage)
+    assert reduce_states(prog) <= set(gen.layout.local), gen.layout.local
+    assert gen.shared_bytes <= LOCAL_BUDGET
+    _nvcc(gen.source, tmp_path)
+
+
+@pytest.mark.parametrize("sizes", [dict(B=2, NH=3, Lq=12, Lk=20), dict(B=1, NH=1, Lq=4, Lk=4)])
+def test_instance_cells_equal_eager(sizes):
+    """Flash attention compiled from specs keeps one instance's cells per block (moduli over
+    the query tiles of its batch, not every head's); at other lengths than the specs' the
+    result still equals eager, on grids of 1 and 3 blocks."""
+    mod = WORKLOADS["flash_attention"]
+    prog = ft.compile(mod.program, *mod.specs("small"), target="cuda-emulated")
+    assert reduce_states(prog) <= set(prog.layout.local)
+    for n, batch in prog.layout.local.items():
+        cells = prog.storage.buffers[n].cell_dims(batch)
+        assert cells[:3] == [1, 1, batch.width], (n, cells)  # B, NH dropped; a batch of query tiles
+    inputs = mod.inputs("small", seed=49, **sizes)
+    for blocks in (1, 3):
+        prog._run.backend.max_blocks = blocks
+        assert rel_error(prog(*inputs), mod.program(*inputs)) < TOL
+
+
 def test_too_large_for_shared_memory_falls_back_to_global():
     """Flash attention with [64, 256] output tiles: the tiles alone leave too little shared
     memory for the states of a block's query tiles, so the largest go back to global memory
@@ -171,7 +204,7 @@ def test_last_block_runs_a_partial_batch(name, sizes):
     assert rel_error(prog(*inputs), mod.program(*inputs)) < TOL
 
 
-@pytest.mark.parametrize("name, sizes", [("b2b_gemm", dict(M=72))])
+@pytest.mark.parametrize("name, sizes", [("b2b_gemm", dict(M=72)), ("flash_attention", dict(B=3, Lq=16))])
 def test_compiled_from_specs_sizes_shared_memory_by_moduli(name, sizes):
     """Unknown lengths: a block's cells count their moduli whole, the runtime takes the
     strides of the cells for the lengths of each call."""
