@@ -174,19 +174,21 @@ class CompiledProgram(Program):
             return self.module
         return super()._cuda_module(precision)
 
-    def emulated_traffic(self, *inputs) -> pd.DataFrame:
+    def emulated_traffic(self, *inputs, **named) -> pd.DataFrame:
         """The bytes this call moves to and from each buffer in global memory, counted by the
         emulator as the generated code and the tile library issue every load and store
         (emit.gpu_count; target "cuda-emulated" only): columns buffer, placement, read_bytes,
-        written_bytes; attrs["launches"] is the (kernel, gx, gy) of every launch."""
+        written_bytes; attrs["launches"] is the (kernel, gx, gy) of every launch, and
+        attrs["outputs"] the call's result (as `prog(*inputs)` gives it)."""
         if self.target != "cuda-emulated":
             raise PolyftError(f"emulated_traffic() runs the CUDA emulator; this program is compiled for target "
                               f"{self.target!r}: compile it with target='cuda-emulated'", op="emulated_traffic")
-        values, storage = self._bind(inputs)
+        values, storage = self._bind(self._positional(inputs, named))
         counts, launched = count_traffic(self.module, [storage[b] for b in self.layout.buffers], values)
         out = pd.DataFrame([dict(buffer=b.name, placement="shared" if self.layout.batch(b) else "global",
                                  read_bytes=r, written_bytes=w) for b, (r, w) in zip(self.layout.buffers, counts)])
         out.attrs["launches"] = launched
+        out.attrs["outputs"] = self._result(storage)
         return out
 
     @property
@@ -198,6 +200,10 @@ class CompiledProgram(Program):
         values, storage = self._bind(self._positional(inputs, named))
         arrays = [storage[b] for b in self.layout.buffers]
         self._run(arrays, values)
+        return self._result(storage)
+
+    def _result(self, storage: dict):
+        """The outputs, from the buffers the call ran on."""
         return assemble_outputs(self.etdg, {b: a.astype(b.dtype) if a.dtype != b.dtype else a
                                             for b, a in storage.items()})
 

@@ -8,6 +8,7 @@ import polyft as ft
 from polyft.cli import main
 from polyft.emit.c_family import TILE
 from polyft.errors import PolyftError
+from polyft.testing import rel_error
 from polyft.experiments.deps_time import lengths
 from polyft.workloads import WORKLOADS
 
@@ -16,11 +17,12 @@ def _by_buffer(df):
     return {row.buffer: row for row in df.itertuples()}
 
 
-def _check_counts(prog, inputs):
+def _check_counts(prog, fn, inputs):
     """The emulator's bytes per buffer against the model's: stores exactly; loads between the
     count with a batch's common loads shared and the count with none shared (equal where
-    every load uses the batched dim)."""
+    every load uses the batched dim). The instrumented build computes what eager does."""
     counted = prog.emulated_traffic(*inputs)
+    assert rel_error(counted.attrs["outputs"], fn(*inputs)) < 1e-5
     emulated = _by_buffer(counted)
     profile = prog.gpu_profile()
     model = _by_buffer(profile.buffers)
@@ -38,8 +40,9 @@ def test_a_batched_matmul_counted_by_hand():
     # out[i] = x[i] @ w for 5 instances, one batch: x 4 x 8, w 8 x 8, out 4 x 8 (float32)
     xs = ft.FractalTensor.from_numpy(np.random.default_rng(0).standard_normal((5, 4, 8)).astype(np.float32), depth=1)
     w = np.random.default_rng(1).standard_normal((8, 8)).astype(np.float32)
-    prog = ft.compile(lambda xs, w: xs.map(lambda x: x @ w), xs, w, target="cuda-emulated")
-    emulated, profile = _check_counts(prog, (xs, w))
+    fn = lambda xs, w: xs.map(lambda x: x @ w)  # noqa: E731
+    prog = ft.compile(fn, xs, w, target="cuda-emulated")
+    emulated, profile = _check_counts(prog, fn, (xs, w))
     t = profile.totals
     assert t.global_bytes == 5 * (128 + 256 + 128)  # every instance reads x and w, writes out
     assert t.shared_bytes == 5 * 128 + 256 + 5 * 128  # w once for the batch
@@ -55,7 +58,7 @@ def test_the_emulator_counts_what_the_access_relations_say(name):
     mod = WORKLOADS[name]
     inputs = mod.inputs("small")
     prog = ft.compile(mod.program, *inputs, target="cuda-emulated")
-    emulated, profile = _check_counts(prog, inputs)
+    emulated, profile = _check_counts(prog, mod.program, inputs)
     exact = profile.buffers[profile.buffers.shared_read_bytes == profile.buffers.global_read_bytes]
     assert exact.global_read_bytes.sum() > 0  # some loads every workload makes are counted exactly
 
