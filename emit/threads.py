@@ -38,7 +38,9 @@ OMP_WAIT_POLICY of the user's is left alone, and so is a libgomp some other libr
 from __future__ import annotations
 
 import contextlib
+import numbers
 import os
+import re
 import statistics
 import threading
 import time
@@ -85,14 +87,14 @@ def _after_fork_in_child():
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def setting(environ=os.environ) -> int | None:
+def setting() -> int | None:
     """The thread count the environment pins: $POLYFT_THREADS, else $OMP_NUM_THREADS; None if neither."""
     for name in ("POLYFT_THREADS", "OMP_NUM_THREADS"):
-        text = environ.get(name, "").strip()
+        text = os.environ.get(name, "").strip()
         if not text:
             continue
         first = text.split(",")[0].strip() if name == "OMP_NUM_THREADS" else text  # OpenMP's list of levels
-        if not first.isdigit() or int(first) < 1:
+        if not re.fullmatch(r"[0-9]+", first) or int(first) < 1:
             raise SettingError(f"{name}={text!r} is not a positive integer thread count; set it to, e.g., "
                                f"{cores()}, or unset it to let each program measure its count", op="threads",
                                where=name)
@@ -165,10 +167,10 @@ class ThreadChoice:
 
     @fixed.setter
     def fixed(self, n):
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        if n is not None and (isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1):
             raise SettingError(f"a thread count must be a positive int or None (measured), got {n!r}",
                                op="threads")
-        self._fixed = n
+        self._fixed = None if n is None else int(n)
 
     def run(self, key, call):
         """`call()` on the count chosen for the lengths `key`; its time is recorded."""

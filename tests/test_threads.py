@@ -169,7 +169,7 @@ def test_omp_num_threads_pins_the_count_below_polyft_threads(monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["POLYFT_THREADS", "OMP_NUM_THREADS"])
-@pytest.mark.parametrize("value", ["abc", "2.5", "-1", "0"])
+@pytest.mark.parametrize("value", ["abc", "2.5", "-1", "0", "\u00b2"])
 def test_a_thread_count_that_is_not_a_positive_int_is_a_setting_error(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
     with pytest.raises(SettingError) as e:
@@ -180,6 +180,8 @@ def test_a_thread_count_that_is_not_a_positive_int_is_a_setting_error(monkeypatc
     for bad in (0, -1, 2.5, "2", True):
         with pytest.raises(SettingError):
             choice.fixed = bad
+    choice.fixed = np.int64(2)
+    assert choice.fixed == 2 and type(choice.fixed) is int
 
 
 def test_one_core_means_one_thread():
