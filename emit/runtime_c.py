@@ -100,15 +100,16 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # someone else's process
-        return True
+    except PermissionError:  # someone else's process, running
+        pass
     return True
 
 
 def clean_stale(d: str) -> list:
     """Delete the build directories in the cache `d` that a killed compile left: made on this host
     by a process that is gone, or older than STALE (another host's, or an older scheme's). The
-    ones removed."""
+    ones removed. (Processes that share a cache and a host name share a pid space too, as on one
+    machine; containers that share a cache directory need host names of their own.)"""
     removed = []
     now = time.time()
     for entry in os.scandir(d):
