@@ -168,6 +168,15 @@ def test_omp_num_threads_pins_the_count_below_polyft_threads(monkeypatch):
     assert runs(choice, clock, 4) == [2] * 4
 
 
+def test_omp_num_threads_1_runs_a_compiled_program_on_one_thread(monkeypatch):
+    """It was ignored: calls still ran on every core."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    prog = ft.compile(rows, ROWS_XS, ROWS_W)
+    for _ in range(4):
+        assert rel_error(prog(ROWS_XS, ROWS_W), rows(ROWS_XS, ROWS_W)) < 1e-5
+        assert prog.threads.last == 1
+
+
 @pytest.mark.parametrize("name", ["POLYFT_THREADS", "OMP_NUM_THREADS"])
 @pytest.mark.parametrize("value", ["abc", "2.5", "-1", "0", "\u00b2"])
 def test_a_thread_count_that_is_not_a_positive_int_is_a_setting_error(monkeypatch, name, value):
