@@ -88,8 +88,9 @@ class PersistentKernel:
     (isl_ast.tileable_loops) runs `tb` iterations per instance; the statements under it are
     called in their batched form."""
 
-    def __init__(self, ast: isl.AstNode, parallel: list, tiles: dict, tb: int, params: list):
-        self.parallel, self.tiles, self.tb, self.params = parallel, tiles, tb, list(params)
+    def __init__(self, ast: isl.AstNode, schedule, context: isl.Set, tiles: dict, tb: int, params: list):
+        self.parallel, self.tiles, self.tb, self.params = schedule.parallel, tiles, tb, list(params)
+        self.schedule, self.context = schedule, context
         self.statement = StatementCalls("c")
         self.bands: list = []
         self.instance_bodies: list = []  # per band, the cgen.Block an instance runs (its first lines may be added)
@@ -129,17 +130,15 @@ class PersistentKernel:
         raise NotImplementedError(f"ISL AST node {t} in a kernel")
 
     def _guard(self, node, path, inner):
-        cond = node.if_get_cond()
-        then = inner(node.if_get_then_node(), path + [_isl(cond)])
+        then = inner(node.if_get_then_node(), path)
         other = inner(node.if_get_else_node(), path) if node.if_has_else_node() else None
-        return cgen.If(cond.to_C_str(), _block(then), _block(other) if other is not None else None)
+        return cgen.If(node.if_get_cond().to_C_str(), _block(then), _block(other) if other is not None else None)
 
     def _loop(self, node, path, inner):
-        """A sequential loop every block runs, `inner` its body."""
+        """A sequential loop every block runs, `inner` its body; `path` gains its time dim."""
         it = node.for_get_iterator().get_id().get_name()
         init, cond, inc = node.for_get_init(), node.for_get_cond(), node.for_get_inc().to_C_str()
-        bounds = [f"{_isl(init)} <= {it}", _isl(cond)] if inc == "1" else [f"{_isl(init)} <= {it}"]
-        body = inner(node.for_get_body(), path + [(it, bounds)])
+        body = inner(node.for_get_body(), path + [level(node)])
         return cgen.For(f"long {it} = {init.to_C_str()}", cond.to_C_str(), f"{it} += {inc}", _block(body))
 
     # -- bands ---------------------------------------------------------------------------
@@ -182,13 +181,8 @@ class PersistentKernel:
                    f"{node.for_get_inc().to_C_str()}) is not a unit-stride loop with an upper bound: it runs serially"
         mine = {lp.for_get_iterator().get_id().get_name() for lp in band}
         bounds = f"{node.for_get_init().to_C_str()} {node.for_get_cond().to_C_str()}"
-        if mine & names(bounds) - {it}:
-            if loop_key(node) in self.tiles:
-                return f"the tiled parallel loop over {it} has bounds naming the band's iterators: it runs serially"
-            try:
-                self._box(band + [node], path, len(band))
-            except isl.Error:
-                return f"ISL finds no bounding box of the parallel loop over {it} ({bounds}): it runs serially"
+        if mine & names(bounds) - {it} and loop_key(node) in self.tiles:
+            return f"the tiled parallel loop over {it} has bounds naming the band's iterators: it runs serially"
         return None
 
     def _band(self, band: list, body, path, why=None):
@@ -200,7 +194,7 @@ class PersistentKernel:
         inst = cgen.Block(note + [code])
         self.instance_bodies.append(inst)
         called = {c for c, _ in call_loops(body)}
-        depth = 1 + max([level(lp) for lp in band] + [int(p[0][1:]) for p in path if isinstance(p, tuple)], default=-1)
+        depth = 1 + max([level(lp) for lp in band] + path, default=-1)
         if not band:
             self.bands.append(Band([], called, "1", depth))
             return cgen.Block([cgen.If("blockIdx.x == 0", inst), cgen.Statement("ft_grid_sync()")])
@@ -211,7 +205,7 @@ class PersistentKernel:
             init, cond = lp.for_get_init(), lp.for_get_cond()
             hi, inclusive = upper_bound(lp)
             if (mine - {it}) & names(f"{init.to_C_str()} {cond.to_C_str()}"):  # over its bounding box, guarded
-                lo_c, hi_c = self._box(band, path, d)
+                lo_c, hi_c = self._box(band, path, called, d)
                 guards.append(f"{init.to_C_str()} <= {it} && {cond.to_C_str()}")
                 trips = f"({hi_c}) - ({lo_c}) + 1"
             else:
@@ -231,7 +225,7 @@ class PersistentKernel:
         loop = cgen.For("long ft_f = blockIdx.x", f"ft_f < {total}", "ft_f += gridDim.x",
                         cgen.Block([cgen.Line("long ft_r = ft_f;")] + [ln for lines in decode for ln in lines] + [run]))
         tiled = next((d for d, lp in enumerate(band) if loop_key(lp) in self.tiles), None)
-        self.bands.append(Band([level(lp) for lp in band], called, self._most(band, path), depth, tiled))
+        self.bands.append(Band([level(lp) for lp in band], called, self._most(band, path, called), depth, tiled))
         return cgen.Block(head + [loop, cgen.Statement("ft_grid_sync()")])
 
     def _tile(self, band):
@@ -242,35 +236,40 @@ class PersistentKernel:
         return None
 
     # -- bounds by ISL -------------------------------------------------------------------
-    def _set_text(self, band, path, outer_as_params: bool) -> str:
-        """The band's instances as ISL text: its iterators, under the constraints of the loops
-        and guards around it (those ISL can read; fewer constraints only enlarge a box)."""
-        outer = [p[0] for p in path if isinstance(p, tuple)]
-        cons = []
-        for p in path:
-            cons += p[1] if isinstance(p, tuple) else [p]
-        for lp in band:
-            it = lp.for_get_iterator().get_id().get_name()
-            cons += [f"{_isl(lp.for_get_init())} <= {it}", _isl(lp.for_get_cond())]
-        its = [lp.for_get_iterator().get_id().get_name() for lp in band]
-        cons = " and ".join(c for c in cons if c is not None) or "true"
-        if outer_as_params:
-            return f"[{', '.join(self.params + outer)}] -> {{ [{', '.join(its)}] : {cons} }}"
-        return f"[{', '.join(self.params)}] -> {{ [{', '.join(outer)}] -> [{', '.join(its)}] : {cons} }}"
+    def _instances(self, band, path, called) -> isl.Set:
+        """The time vectors of the statements a band's instances call, on the band's dims,
+        the dims of the loops around it (`path`) as the last parameters, each named after its
+        loop's iterator: a superset of the band's own instances where the AST splits a
+        statement's domain, which only enlarges a box."""
+        times = None
+        for name in sorted(called):
+            t = self.schedule.per_statement[name].range()
+            times = t if times is None else times.union(t)
+        times = times.coalesce().intersect_params(self.context)
+        for d in range(times.dim(isl.dim_type.set)):
+            times = times.set_dim_name(isl.dim_type.set, d, f"c{d}")
+        mine = [level(lp) for lp in band]
+        for d in reversed(range(times.dim(isl.dim_type.set))):
+            if d in path:
+                times = times.move_dims(isl.dim_type.param, times.dim(isl.dim_type.param), isl.dim_type.set, d, 1)
+            elif d not in mine:
+                times = times.project_out(isl.dim_type.set, d, 1)
+        return times
 
-    def _box(self, band, path, d) -> tuple:
-        """C (lower, upper) bounds of band loop d over its instances, given the loops around."""
-        s = isl.Set(self._set_text(band, path, True))
+    def _box(self, band, path, called, d) -> tuple:
+        """C (lower, upper) bounds of band loop d over its instances, for the values of the
+        loops around."""
+        s = self._instances(band, path, called)
         build = isl.AstBuild.from_context(isl.Set.universe(s.get_space().params()))
         return tuple(build.expr_from_pw_aff(b.coalesce()).to_C_str() for b in (s.dim_min(d), s.dim_max(d)))
 
-    def _most(self, band, path) -> str | None:
+    def _most(self, band, path, called) -> str | None:
         """Python: at most how many instances the band has at once, over every value of the loops
         around it (the product of each flattened dim's widest extent), None if unbounded."""
-        try:
-            m = isl.Map(self._set_text(band, path, False))
-        except isl.Error:
-            return None
+        s = self._instances(band, path, called)
+        outer = len(path)
+        m = isl.Map.from_range(s).move_dims(isl.dim_type.in_, 0, isl.dim_type.param,
+                                            s.dim(isl.dim_type.param) - outer, outer)
         build = isl.AstBuild.from_context(isl.Set.universe(m.get_space().params()))
         n = m.dim(isl.dim_type.out)
         factors = []
@@ -279,40 +278,10 @@ class PersistentKernel:
             try:
                 width = one.reverse().apply_range(one).deltas().dim_max(0).coalesce()
                 e = f"({py_expr(build.expr_from_pw_aff(width))} + 1)"
-            except isl.Error:
+            except (isl.Error, NotImplementedError):
                 return None
             factors.append(f"-(-max(0, {e}) // {self.tb})" if loop_key(lp) in self.tiles else f"max(0, {e})")
         return " * ".join(factors)
-
-
-_ISL_OPS = {isl.ast_expr_op_type.add: "+", isl.ast_expr_op_type.sub: "-", isl.ast_expr_op_type.mul: "*",
-            isl.ast_expr_op_type.le: "<=", isl.ast_expr_op_type.lt: "<", isl.ast_expr_op_type.ge: ">=",
-            isl.ast_expr_op_type.gt: ">", isl.ast_expr_op_type.eq: "=", isl.ast_expr_op_type.and_: "and",
-            isl.ast_expr_op_type.and_then: "and", isl.ast_expr_op_type.or_: "or", isl.ast_expr_op_type.or_else: "or"}
-
-
-def _isl(e: isl.AstExpr) -> str | None:
-    """An ISL AST expression as ISL's own syntax (None where it has no affine form)."""
-    t = e.get_type()
-    if t == isl.ast_expr_type.id:
-        return e.get_id().get_name()
-    if t == isl.ast_expr_type.int:
-        return str(e.get_val().to_python())
-    op = e.get_op_type()
-    args = [_isl(e.get_op_arg(k)) for k in range(e.get_op_n_arg())]
-    if None in args:
-        return None
-    if op in _ISL_OPS:
-        return "(" + f" {_ISL_OPS[op]} ".join(args) + ")"
-    if op == isl.ast_expr_op_type.minus:
-        return f"(-{args[0]})"
-    if op in (isl.ast_expr_op_type.min, isl.ast_expr_op_type.max):
-        return f"{'min' if op == isl.ast_expr_op_type.min else 'max'}({', '.join(args)})"
-    if op in (isl.ast_expr_op_type.div, isl.ast_expr_op_type.fdiv_q, isl.ast_expr_op_type.pdiv_q):
-        return f"floor(({args[0]}) / {args[1]})"
-    if op in (isl.ast_expr_op_type.pdiv_r, isl.ast_expr_op_type.zdiv_r):
-        return f"(({args[0]}) mod {args[1]})"
-    return None
 
 
 def _block(node):

@@ -119,7 +119,7 @@ class CudaTarget(Target):
         etdg = model.etdg
         ast = build_ast(schedule.map, model.context)
         tiles = tiled_loops(etdg, ast, schedule.parallel, tb) if tb else {}
-        driver = PersistentKernel(ast, schedule.parallel, tiles, tb, list(model.params))
+        driver = PersistentKernel(ast, schedule, model.context, tiles, tb, list(model.params))
         kernel_of, local = local_candidates(etdg, storage, ast, schedule.parallel, tiles, driver, model)
         wanted = len(local)
         nbytes = {name: local_bytes(storage.buffers[name], w, model.sizes) for name, w in local.items()}
