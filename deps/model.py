@@ -90,8 +90,8 @@ def check_addressable(buffers, lengths: dict, error=SpecError, op: str = "sizes"
         size = count * np.dtype(b.dtype).itemsize
         if size > MAX_LENGTH:
             at = ", ".join(f"{p} = {v}" for p, v in lengths.items())
-            raise error(f"buffer {b.name} {b.type} would hold {count} elements, {size} bytes (~2**{size.bit_length() - 1}) "
-                        f"at {at}: past 2**63, beyond the 64-bit offsets the generated code computes with; use smaller "
+            raise error(f"buffer {b.name} {b.type} would hold {count} elements, {size} bytes "
+                        f"(~2**{size.bit_length() - 1}) at {at}: past 2**63, beyond the 64-bit offsets the generated code computes with; use smaller "
                         "lengths", op=op)
 
 

@@ -77,7 +77,7 @@ def brief_spin():
 
 
 _pool = {"started": False, "forked": False}  # a pool of more than one thread in this process; inherited
-_checked = threading.local()  # .most / .failed: the largest count this Python thread could start / the least it could not
+_checked = threading.local()  # .most / .failed: the most threads this Python thread started / the fewest it could not
 
 
 def _after_fork_in_child():

@@ -89,7 +89,7 @@ def _call(op: str, f, args: tuple):
     except (ValueError, IndexError) as exc:
         if "read-only" in str(exc):  # a write into an element of a list passed whole (depth > 1)
             raise InPlaceError(f"the user function writes into an element of a list ({exc}): a program never "
-                               "changes its inputs; build a new value (x = x + 1, ft.concat, ft.where) instead",
+                               "changes its inputs; build a new value (x = x + 1, ft.concat) instead",
                                op=op, where=errors.user_location(exc.__traceback__)) from None
         raise errors.reraise_from_user_code(op, exc) from exc
 

@@ -147,8 +147,8 @@ class Value:
         return apply_op("getitem", (self,), {"key": key})
 
     def __setitem__(self, key, value):
-        raise InPlaceError(f"`x[{_key_text(key)}] = ...` changes a traced {self.dtype}{list(self.shape)} value in place; "
-                           "programs are functional: build the new value instead (ft.concat of slices, or "
+        raise InPlaceError(f"`x[{_key_text(key)}] = ...` changes a traced {self.dtype}{list(self.shape)} value in "
+                           "place; programs are functional: build the new value instead (ft.concat of slices, or "
                            "x * mask + value * (1 - mask) with a constant mask)", op="setitem")
 
     def _no_control_flow(self, *_):
