@@ -91,8 +91,8 @@ def check_addressable(buffers, lengths: dict, error=SpecError, op: str = "sizes"
         if size > MAX_LENGTH:
             at = ", ".join(f"{p} = {v}" for p, v in lengths.items())
             raise error(f"buffer {b.name} {b.type} would hold {count} elements, {size} bytes "
-                        f"(~2**{size.bit_length() - 1}) at {at}: past 2**63, beyond the 64-bit offsets the generated code computes with; use smaller "
-                        "lengths", op=op)
+                        f"(~2**{size.bit_length() - 1}) at {at}: past 2**63, beyond the 64-bit offsets the generated "
+                        "code computes with; use smaller lengths", op=op)
 
 
 def build(etdg: ETDG, sizes: dict | None = None) -> PolyModel:
