@@ -33,8 +33,7 @@ import cgen
 import islpy as isl
 
 from .c_family import StatementCalls
-from .isl_ast import below, call_loops, children, has_parallel, level, loop_key, names, py_expr, to_cgen, \
-    upper_bound
+from .isl_ast import call_loops, children, has_parallel, level, loop_key, names, py_expr, to_cgen, upper_bound
 
 # the grid barrier on the GPU (the emulator has its own, emulate.hpp). A software barrier, not a
 # cooperative launch: PyCUDA has no cuLaunchCooperativeKernel, and grid.sync() needs relocatable
@@ -97,14 +96,6 @@ class PersistentKernel:
         self.serial: list = []  # why a parallel loop runs serially inside a block
         self.code = self._uniform(ast, [])
 
-    @property
-    def grids(self) -> list:
-        return [b.dims for b in self.bands]
-
-    @property
-    def called(self) -> list:
-        return [b.called for b in self.bands]
-
     def source(self) -> str:
         """The host driver as Python: `run(launch, *params)` calling `launch(0, blocks)`."""
         most = [b.most for b in self.bands]
@@ -147,7 +138,7 @@ class PersistentKernel:
         the parallel loops in `node` joining the band where they can."""
         t = node.get_type()
         if t == isl.ast_node_type.for_ and self.parallel[level(node)]:
-            why = self._unmappable(band, node, path)
+            why = self._unmappable(band, node)
             if why is None:
                 return self._mapped(band + [node], node.for_get_body(), path)
             self.serial.append(why)
@@ -173,7 +164,7 @@ class PersistentKernel:
         self.serial.append(why)
         return self._band(band, node, path, why)
 
-    def _unmappable(self, band: list, node, path) -> str | None:
+    def _unmappable(self, band: list, node) -> str | None:
         """Why parallel loop `node` cannot join `band` (None: it can)."""
         it = node.for_get_iterator().get_id().get_name()
         if node.for_get_inc().to_C_str() != "1" or upper_bound(node)[0] is None:
@@ -229,6 +220,7 @@ class PersistentKernel:
         return cgen.Block(head + [loop, cgen.Statement("ft_grid_sync()")])
 
     def _tile(self, band):
+        """(iterator, count) of the band's tiled loop, as to_cgen takes a tile; None."""
         for lp in band:
             if loop_key(lp) in self.tiles:
                 it = lp.for_get_iterator().get_id().get_name()

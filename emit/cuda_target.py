@@ -162,8 +162,9 @@ class CudaTarget(Target):
             lines = [cgen.Block([cgen.Line("const ctx_t* c = &ft_own;")] + lines)]
         notes = [cgen.Comment(f"runs serially: {why}") for why in driver.serial]
         kernel = cgen.FunctionBody(
-            cgen.FunctionDeclaration(cgen.Value(f'extern "C" __global__ void __launch_bounds__({self.threads})',
-                                                "polyft_k0"), [cgen.Value("const ctx_t* __restrict__", "c")]),
+            cgen.FunctionDeclaration(cgen.Value(f'extern "C" __global__ void __launch_bounds__({self.threads}, '
+                                                f'{BLOCKS_PER_SM})', "polyft_k0"),
+                                     [cgen.Value("const ctx_t* __restrict__", "c")]),
             cgen.Block(notes + setup + lines))
         shared = max(arena[0], shared)
         module = cgen.Module([cgen.Line(f"#define FT_THREADS {self.threads}"), cgen.Line(PRELUDE), cgen.Line(LIBRARY),
@@ -270,8 +271,12 @@ def local_bytes(s, batch, sizes: dict) -> int | None:
     return count
 
 
-# local buffers may grow a block's shared memory up to this: two blocks still fit on an SM
-# (228 KB on sm_90, 1 KB of it reserved per block); more would trade occupancy for on-chip state
+# the blocks of the persistent kernel an SM should hold: its registers are bounded for them
+# (__launch_bounds__: at 256 threads, 128 registers a thread, where ptxas's own choice of 64
+# spills the tile GEMMs' accumulators), and local buffers may grow a block's shared memory up
+# to LOCAL_BUDGET, at which two blocks still fit (228 KB on sm_90, 1 KB of it reserved per
+# block); more would trade occupancy for on-chip state
+BLOCKS_PER_SM = 2
 LOCAL_BUDGET = 113 * 1024
 
 
