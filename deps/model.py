@@ -89,9 +89,9 @@ def check_addressable(buffers, lengths: dict, error=SpecError, op: str = "sizes"
         count = math.prod(d.evaluate(lengths) for d in b.dims) * math.prod(b.element_shape)
         size = count * np.dtype(b.dtype).itemsize
         if size > MAX_LENGTH:
-            at = ", ".join(f"{p} = {v}" for p, v in lengths.items())
+            at = " at " + ", ".join(f"{p} = {v}" for p, v in lengths.items()) if lengths else ""
             raise error(f"buffer {b.name} {b.type} would hold {count} elements, {size} bytes "
-                        f"(~2**{size.bit_length() - 1}) at {at}: past 2**63, beyond the 64-bit offsets the generated "
+                        f"(~2**{size.bit_length() - 1}){at}: past 2**63, beyond the 64-bit offsets the generated "
                         "code computes with; use smaller lengths", op=op)
 
 

@@ -14,6 +14,7 @@ import collections
 import contextlib
 import inspect
 import itertools
+import math
 import sys
 import textwrap
 import threading
@@ -933,6 +934,9 @@ def _return_names(fn) -> list:
 
 def _input(st, name, arg):
     if isinstance(arg, Spec):
+        if math.prod(arg.element_shape) * np.dtype(arg.dtype).itemsize > 2 ** 63 - 1:
+            raise errors.SpecError(f"input {name} {arg.type}: one element would pass 2**63 bytes, more than any array holds",
+                                   op="trace")
         b = Buffer(name, list(arg.type.lengths), arg.element_shape, arg.dtype, "input")
     elif isinstance(arg, FractalTensor):
         if not arg.is_regular:

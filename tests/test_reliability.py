@@ -101,6 +101,10 @@ def test_sizes_whose_buffers_pass_int64_are_a_spec_error():
         ft.analyze(outer, ft.spec("[N, M]float32[1, 8]"), sizes={"N": 2 ** 30, "M": 2 ** 30})
     assert "buffer xss" in str(e.value) and str(2 ** 60 * 8) in str(e.value) and "2**63" in str(e.value)
     ft.analyze(outer, ft.spec("[N, M]float32[1, 8]"), sizes={"N": 2 ** 20, "M": 2 ** 20})  # 2**45 bytes: fine
+    with pytest.raises(SpecError, match=r"buffer xs \[4611686018427387904\]float32\[1, 8\] would hold"):
+        ft.analyze(tanh_rows, ft.spec("[4611686018427387904]float32[1, 8]"))  # lengths in the spec itself
+    with pytest.raises(SpecError, match="one element would pass 2\\*\\*63 bytes"):
+        ft.analyze(tanh_rows, ft.spec("[N]float32[4611686018427387904, 8]"))  # numpy's ValueError while tracing
 
 
 def test_a_call_whose_buffers_pass_int64_is_an_input_error_before_any_copy():
