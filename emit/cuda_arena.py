@@ -26,13 +26,18 @@ class Arena:
         self.live: list = []  # (offset, bytes, owner)
         self.size = 0  # the most bytes in use at once: what a block needs
 
-    def alloc(self, nbytes: int, owner) -> str:
-        """A place (32-byte aligned, as WMMA wants) at the first gap that fits: its C address."""
+    def place(self, nbytes: int) -> int:
+        """The offset alloc would give `nbytes`: the first gap that fits, 32-byte aligned."""
         size, start = -(-nbytes // 32) * 32, 0
         for off, n, _ in sorted(self.live, key=lambda t: t[0]):
             if off - start >= size:
                 break
             start = max(start, off + n)
+        return start
+
+    def alloc(self, nbytes: int, owner) -> str:
+        """A place (32-byte aligned, as WMMA wants) at the first gap that fits: its C address."""
+        size, start = -(-nbytes // 32) * 32, self.place(nbytes)
         self.live.append((start, size, owner))
         self.size = max(self.size, start + size)
         return f"(ft_arena + {start})"

@@ -11,9 +11,10 @@ import cgen
 
 from polyft.errors import CompileError
 from polyft.etdg import OpNode
+from polyft.primitives import getitem_axes
 
 from .c_statements import BINARY, UNARY, StatementBody, cast, ctype, native_dtype
-from .cuda_arena import Arena
+from .cuda_arena import SHARED_LIMIT, Arena
 
 # operand precision of matmuls -> (WMMA element type, k of a fragment, bytes of an element
 # converted into shared memory); float32 has none
@@ -34,24 +35,30 @@ def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-def gemm_tiles(P: int, Q: int, trans: bool, precision: str) -> tuple:
-    """(BM, BN, stage bytes) of a GEMM of P x Q results in the tile library: block tiles of
-    at most 128 x 128 and 4096 results (16 a thread at 256 threads: a 4 x 4 micro-tile, few
-    enough registers that kernels calling several GEMMs do not spill), K in chunks of BK (16 in
-    float32, two fragments' k on tensor cores) double-buffered as floats in rows padded by 4,
-    plus, on tensor cores, one chunk converted, its rows padded by 16 bytes. tiles.cuh's
-    Chunks and gemm_tc compute the same bytes and refuse to compile if they differ."""
-    BN = min(128, _pow2(max(Q, 4)))
-    BM = min(128, _pow2(P), 4096 // BN)
+# (results of a block tile, fragments' k per chunk on tensor cores), largest first: a GEMM takes
+# the first whose stage fits in what the statement's tiles leave of shared memory
+GEMM_TILES = ((4096, 2), (2048, 2), (1024, 1), (512, 1))
+
+
+def gemm_tiles(P: int, Q: int, trans: bool, precision: str, results: int = 4096, fragments: int = 2) -> tuple:
+    """(BM, BN, BK, stage bytes) of a GEMM of P x Q results in the tile library: block tiles
+    of at most 128 x 128 and `results` (4096: 16 a thread at 256 threads, a 4 x 4 micro-tile,
+    few enough registers that kernels calling several GEMMs do not spill), K in chunks of BK
+    (16 in float32, `fragments` fragments' k on tensor cores) double-buffered as floats in
+    rows padded by 4, plus, on tensor cores, one chunk converted, its rows padded by 16
+    bytes. tiles.cuh's Chunks and gemm_tc compute the same bytes and refuse to compile if
+    they differ."""
     tc = PRECISIONS[precision]
-    BK = 2 * tc[1] if tc else 16
+    BN = min(128, _pow2(max(Q, 4)), results // (16 if tc else 1))  # fragments: 16 rows at least
+    BM = min(128, _pow2(P), results // BN)
+    BK = fragments * tc[1] if tc else 16
 
     def elements(pad):
         return BM * (BK + pad) + (BN * (BK + pad) if trans else BK * (BN + pad))
     nbytes = -(-2 * 4 * elements(4) // 32) * 32
     if tc:
         nbytes += tc[2] * elements(16 // tc[2])
-    return BM, BN, nbytes
+    return BM, BN, BK, nbytes
 
 
 class CudaStatementBody(StatementBody):
@@ -59,7 +66,8 @@ class CudaStatementBody(StatementBody):
 
     Fusions save shared memory and passes: a run of elementwise operations of one shape
     becomes one loop (values used only inside the run stay in registers); `add` of two
-    matmuls used nowhere else accumulates the second into the first's tile; and the GEMMs
+    matmuls used nowhere else accumulates the second into the first's tile, and so does a
+    chain of them (a @ b + c @ d + e @ f: one tile); and the GEMMs
     read their operands where they are (global or shared memory, in K-chunks), so a
     transpose or a concatenation along K that only matmuls read on the right is never
     materialised (`folded`): x.T is read as x, coalesced, and a @ concat([x1, x2]) is
@@ -93,38 +101,62 @@ class CudaStatementBody(StatementBody):
             for a in op.inputs:
                 if isinstance(a, OpNode) and a in self.users:
                     self.users[a].append(op)
+        self.pos = {op: k for k, op in enumerate(self.ops)}
         self.accumulate, self.alias = {}, {}  # matmul -> tile it adds into; add -> that tile
         for op in self.ops:
             ins = op.inputs
             if op.op == "add" and len(ins) == 2 and ins[0] is not ins[1] and all(
-                    isinstance(a, OpNode) and a.op == "matmul" and self.users[a] == [op]
-                    and tuple(a.shape) == tuple(op.shape) for a in ins):
-                first, second = sorted(ins, key=self.ops.index)
-                self.accumulate[second] = first
-                self.alias[op] = first
+                    isinstance(a, OpNode) and self.users[a] == [op] and tuple(a.shape) == tuple(op.shape)
+                    and (a in self.batched) == (op in self.batched) for a in ins):
+                for x, mm in sorted([ins, ins[::-1]], key=lambda pair: self.pos[pair[1]], reverse=True):
+                    root = self.alias.get(x, x)  # a chain of sums: all in the first matmul's tile
+                    if mm.op == "matmul" and root.op == "matmul" and self.pos[root] < self.pos[mm]:
+                        self.accumulate[mm] = root
+                        self.alias[op] = root
+                        break
         self.folded = {op for op in self.ops if self._foldable(op)}
-        self.pos = {op: k for k, op in enumerate(self.ops)}
         self.last = {op: max([self.pos[u] for u in self.users[op]], default=self.pos[op]) for op in self.ops}
         for op in self.ops:  # what a folded operation reads is read by the matmuls reading it
             if op in self.folded:
                 for a in op.inputs:
                     if isinstance(a, OpNode):
                         self.last[a] = max(self.last[a], self.last[op])
-        for add, first in self.alias.items():  # the sum lives in the first matmul's tile
-            self.last[first] = max(self.last[first], self.last[add])
+        for add, root in self.alias.items():  # the sum lives in the first matmul's tile
+            self.last[root] = max(self.last[root], self.last[add])
 
     def _foldable(self, op) -> bool:
         """A 2-D transpose, or a concatenation of 2-D tiles along axis 0, read only as the
-        right operand of matmuls (never materialised: the GEMMs read its inputs)."""
+        right operand of matmuls, or columns of a 2-D tile (x[:, c0:c1]) read only as the left
+        operand: never materialised, the GEMMs read its inputs."""
+        side = 1
         if op.op == "transpose":
             ok = len(op.shape) == 2
         elif op.op == "concat":
             ok = len(op.shape) == 2 and op.attrs.get("axis", 0) % 2 == 0 and \
                 all(isinstance(a, OpNode) and len(a.shape) == 2 for a in op.inputs)
+        elif op.op == "getitem":
+            side, ok = 0, self._columns(op) is not None
         else:
             return False
         return ok and bool(self.users[op]) and all(
-            u.op == "matmul" and u.inputs[1] is op and u.inputs[0] is not op for u in self.users[op])
+            u.op == "matmul" and u.inputs[side] is op and u.inputs[1 - side] is not op for u in self.users[op])
+
+    @staticmethod
+    def _columns(op):
+        """The first column of a getitem that is columns of a 2-D tile (every row), else None:
+        its rows are the tile's, one row stride apart (in a batch's tile too)."""
+        x = op.inputs[0]
+        axes = getitem_axes(op.attrs["key"], x.shape) if isinstance(x, OpNode) and len(x.shape) == 2 else None
+        if axes is None or axes[0] != (0, 1, 0) or axes[1][1:] != (1, 1) or op.shape[0] != x.shape[0]:
+            return None
+        return axes[1][0]
+
+    def _left_operand(self, a):
+        """Columns of a tile read in place (a folded getitem): k0 -> its rows from column k0 on."""
+        if not self._is_folded(a, "getitem"):
+            return self._operand(a)
+        c0, (name, (_, C), dtype) = self._columns(a), self._operand(a.inputs[0])
+        return (lambda k0: f"ft::Rows{{{name} + {c0 + k0}, {C}}}"), a.shape, dtype
 
     def _is_folded(self, a, kind: str) -> bool:
         return isinstance(a, OpNode) and a in self.folded and a.op == kind
@@ -133,9 +165,9 @@ class CudaStatementBody(StatementBody):
         return super()._ref(self.alias.get(op, op))
 
     def generate(self) -> list:
-        self._plan()
         if self.batch is not None:
             self.batched = self._depends_on_batch()
+        self._plan()
         group: list = []
         for op in self.ops:
             if _elementwise(op) and op not in self.alias:
@@ -235,10 +267,13 @@ class CudaStatementBody(StatementBody):
         outer, self.lines, self._in_batch = self.lines, [], False
         a_op = op.inputs[0]
         P, K = a_op.shape
-        if a_op.op == "load":
-            rows = lambda k0: f"ft::Batch<{P}>{{v{a_op.id}, (int)_nb, {K}, {k0}}}"  # noqa: E731
+        x, c0, ld = a_op, 0, K
+        if self._is_folded(a_op, "getitem"):  # columns of each instance's tile: rows one stride apart
+            x, c0, ld = a_op.inputs[0], self._columns(a_op), a_op.inputs[0].shape[1]
+        if x.op == "load":
+            rows = lambda k0: f"ft::Batch<{P}>{{v{x.id}, (int)_nb, {ld}, {c0 + k0}}}"  # noqa: E731
         else:
-            rows = lambda k0: f"ft::Rows{{v{a_op.id} + {k0}, {K}}}"  # noqa: E731
+            rows = lambda k0: f"ft::Rows{{v{x.id} + {c0 + k0}, {ld}}}"  # noqa: E731
         self._matmul(op, rows, None, self.batch[1] * P, K, op.shape[1])
         body, self.lines, self._in_batch = self.lines, outer, True
         return body
@@ -254,29 +289,32 @@ class CudaStatementBody(StatementBody):
             raise CompileError(f"the CUDA target multiplies float32 tiles only, not {op.dtype} (shapes "
                                f"{[P, K]} @ {[K, Q]}); cast the operands with .astype(np.float32)",
                                op="matmul", where=op.where)
-        rows = a if callable(a) else (lambda k0: f"ft::Rows{{{a} + {k0}, {K}}}")
+        rows = a if callable(a) else (lambda k0: f"ft::Rows{{{a} + {k0}, {K}}}")  # noqa: E731
         into = self.accumulate.get(op)
         if into is None:
             self._decl(op)
         out = self._ref(into or op)
         right = op.inputs[1]
         pieces = right.inputs if self._is_folded(right, "concat") else [right]
+        tc = PRECISIONS[self.precision] if P % 16 == 0 and Q % 16 == 0 else None
+        trans = [self._is_folded(x, "transpose") for x in pieces]
+        for limits in GEMM_TILES:  # the largest tiles whose stage fits (the last: an error later, if not)
+            tiles = [gemm_tiles(P, Q, t, self.precision if tc else "fp32", *limits) for t in trans]
+            nbytes = max(t[-1] for t in tiles)
+            if self.arena.place(nbytes) + nbytes <= SHARED_LIMIT:
+                break
+        stage = self.arena.alloc(nbytes, "tmp")  # one, for every piece
         k0 = 0
-        for i, x in enumerate(pieces):
-            trans = self._is_folded(x, "transpose")
-            name, shape, _ = self._operand(x.inputs[0] if trans else x)
-            k = shape[1] if trans else shape[0]
-            self._gemm(out, into is not None or i > 0, rows(k0), f"ft::Rows{{{name}, {shape[1]}}}", trans, P, k, Q)
+        for i, (x, t, (BM, BN, BK, nbytes)) in enumerate(zip(pieces, trans, tiles)):
+            name, shape, _ = self._operand(x.inputs[0] if t else x)
+            k = shape[1] if t else shape[0]
+            args = f"{P}, {k}, {Q}, {str(into is not None or i > 0).lower()}, {str(t).lower()}, {BM}, {BN}, " \
+                   + (f"{BK}, " if tc else "") + str(nbytes)
+            self._gemm(tc, args, out, rows(k0), f"ft::Rows{{{name}, {shape[1]}}}", stage)
             k0 += k
 
-    def _gemm(self, out, acc: bool, a: str, b: str, trans: bool, P, K, Q):
-        """One call of the tile library's GEMMs, its stage a temporary of the arena."""
-        tc = PRECISIONS[self.precision]
-        if P % 16 or Q % 16:
-            tc = None
-        BM, BN, nbytes = gemm_tiles(P, Q, trans, self.precision if tc else "fp32")
-        stage = self.arena.alloc(nbytes, "tmp")
-        args = f"{P}, {K}, {Q}, {str(acc).lower()}, {str(trans).lower()}, {BM}, {BN}, {nbytes}"
+    def _gemm(self, tc, args: str, out: str, a: str, b: str, stage: str):
+        """One call of the tile library's GEMMs: on tensor cores when `tc` (PRECISIONS)."""
         if tc:
             self.lines.append(cgen.Line(f"ft::gemm_tc<{tc[0]}, {args}>({out}, {a}, {b}, {stage});"
                                         f"  /* tensor cores, {self.precision} operands */"))

@@ -255,24 +255,25 @@ __device__ __forceinline__ void convert_chunk(typename Pr::elem* __restrict__ h,
 }
 
 /* out[P, Q] = (or +=, ACC) a[P, K] @ b[K, Q] (b = x.T when TRANS), P and Q multiples of 16,
-   any K: per BM x BN tile of out, K in chunks of two fragments' k, staged as floats
+   any K: per BM x BN tile of out, K in chunks of BK (a multiple of the fragments' k), staged as floats
    (Chunks, double-buffered: the next chunk's copies fly while this one is multiplied), then
    converted once per chunk and block into padded rows of 16 bytes more (row starts 4 banks
    apart: conflict-free fragment loads). Warps own FM x FN fragments of the tile, whose
    accumulators stay in registers over all of K; STAGE: the float chunks, then the converted. */
-template <typename T, int P, int K, int Q, bool ACC, bool TRANS, int BM, int BN, int STAGE, typename MA, typename MB>
+template <typename T, int P, int K, int Q, bool ACC, bool TRANS, int BM, int BN, int BK, int STAGE, typename MA,
+          typename MB>
 __device__ void gemm_tc(float* __restrict__ out, const MA a, const MB b, unsigned char* stage) {
   namespace wmma = nvcuda::wmma;
   typedef Precision<T> Pr;
   typedef typename Pr::elem E;
-  enum { FK = Pr::K, BK = 2 * FK, PAD = 16 / sizeof(E), HA = BK + PAD, HB = TRANS ? BK + PAD : BN + PAD,
-         NK = (K + BK - 1) / BK };
+  enum { FK = Pr::K, PAD = 16 / sizeof(E), HA = BK + PAD, HB = TRANS ? BK + PAD : BN + PAD, NK = (K + BK - 1) / BK };
   typedef Chunks<BM, BN, BK, TRANS> C;
   static_assert(C::BYTES + (BM * HA + (TRANS ? BN : BK) * HB) * sizeof(E) == STAGE,
                 "the stage the target allotted is this GEMM's");
   enum { TI = BM / 16, TJ = BN / 16, WARPS = FT_THREADS / 32, WJ = TJ < WARPS ? TJ : WARPS,
          WI = TI < WARPS / WJ ? TI : WARPS / WJ, FM = TI / WI, FN = TJ / WJ };
-  static_assert(P % 16 == 0 && Q % 16 == 0 && TI % WI == 0 && TJ % WJ == 0, "whole fragments for each warp");
+  static_assert(P % 16 == 0 && Q % 16 == 0 && BK % FK == 0 && TI % WI == 0 && TJ % WJ == 0,
+                "whole fragments for each warp");
   const C ch = {reinterpret_cast<float*>(stage)};
   E* const ha = reinterpret_cast<E*>(stage + C::BYTES);
   E* const hb = ha + BM * HA;

@@ -6,8 +6,9 @@ import pytest
 
 import polyft as ft
 from helpers import flist, rand, spec
-from polyft.emit.cuda_statements import PRECISIONS, gemm_tiles
+from polyft.emit.cuda_statements import GEMM_TILES, PRECISIONS, TOLERANCE, gemm_tiles
 from polyft.testing import rel_error
+from polyft.workloads import WORKLOADS
 from test_emulator import run_kernel
 
 pytestmark = pytest.mark.usefixtures("compile_cache")
@@ -43,16 +44,17 @@ def test_left_operand_of_two_matmuls_unbatched():
 
 
 # -- the GEMMs of the tile library on hand-written kernels --------------------------------
-def _gemm(precision, P, K, Q, acc, trans, out, a, b) -> str:
+def _gemm(precision, P, K, Q, acc, trans, out, a, b, limits=GEMM_TILES[0]) -> str:
     """One call of ft::gemm_f32 / ft::gemm_tc with the tiles and stage the target would give."""
-    BM, BN, nbytes = gemm_tiles(P, Q, trans, precision)
+    BM, BN, BK, nbytes = gemm_tiles(P, Q, trans, precision, *limits)
     name = "ft::gemm_f32<" if precision == "fp32" else f"ft::gemm_tc<{PRECISIONS[precision][0]}, "
+    chunk = "" if precision == "fp32" else f"{BK}, "
     return (f"{{ __shared__ __align__(64) unsigned char stage[{nbytes}];\n"
-            f"  {name}{P}, {K}, {Q}, {str(acc).lower()}, {str(trans).lower()}, {BM}, {BN}, {nbytes}>"
+            f"  {name}{P}, {K}, {Q}, {str(acc).lower()}, {str(trans).lower()}, {BM}, {BN}, {chunk}{nbytes}>"
             f"({out}, {a}, {b}, stage); __syncthreads(); }}\n")
 
 
-def _products(precision, P, K, Q, seed, lda=None, offset=0):
+def _products(precision, P, K, Q, seed, lda=None, offset=0, limits=GEMM_TILES[0]):
     """out = a @ b, and acc = c0 + a @ x.T with x = b.T (the transposed operand), for a whose
     rows are `lda` floats apart from column `offset` on (16-byte alignment lost when these
     are not multiples of 4)."""
@@ -63,18 +65,19 @@ def _products(precision, P, K, Q, seed, lda=None, offset=0):
     x = np.ascontiguousarray(b.T)
     out, acc = np.full((P, Q), np.nan, np.float32), c0.copy()
     rows = f"ft::Rows{{c->b0 + {offset}, {lda}}}"
-    run_kernel(_gemm(precision, P, K, Q, False, False, "c->b3", rows, f"ft::Rows{{c->b1, {Q}}}")
-               + _gemm(precision, P, K, Q, True, True, "c->b4", rows, f"ft::Rows{{c->b2, {K}}}"),
+    run_kernel(_gemm(precision, P, K, Q, False, False, "c->b3", rows, f"ft::Rows{{c->b1, {Q}}}", limits)
+               + _gemm(precision, P, K, Q, True, True, "c->b4", rows, f"ft::Rows{{c->b2, {K}}}", limits),
                a_full, b, x, out, acc)
     return a, b, c0, out, acc
 
 
+@pytest.mark.parametrize("limits", [GEMM_TILES[0], GEMM_TILES[-1]])  # the largest and smallest tiles
 @pytest.mark.parametrize("P, K, Q, lda, offset", [
     (1, 8, 8, 8, 0), (5, 7, 300, 7, 0), (33, 16, 3, 19, 3), (64, 32, 64, 32, 0), (130, 37, 129, 40, 2)])
-def test_gemm_f32_with_tails_transposed_and_accumulating(P, K, Q, lda, offset):
+def test_gemm_f32_with_tails_transposed_and_accumulating(P, K, Q, lda, offset, limits):
     """Shapes that are not multiples of the tiles (P, Q past 128: several block tiles; K not a
     multiple of the 16-deep chunks; rows not 16-byte aligned: 4-byte copies)."""
-    a, b, c0, out, acc = _products("fp32", P, K, Q, P * K * Q, lda, offset)
+    a, b, c0, out, acc = _products("fp32", P, K, Q, P * K * Q, lda, offset, limits)
     want = a.astype(np.float64) @ b
     assert rel_error(out, want) < 1e-6
     assert rel_error(acc, want + c0) < 1e-6
@@ -111,15 +114,52 @@ def _tf32(x):
 ROUNDING = {"fp16": lambda x: x.astype(np.float16).astype(np.float32), "bf16": _bf16, "tf32": _tf32}
 
 
+@pytest.mark.parametrize("limits", [GEMM_TILES[0], GEMM_TILES[-1]])  # two fragments' k a chunk, and one
 @pytest.mark.parametrize("precision", list(ROUNDING))
 @pytest.mark.parametrize("P, K, Q", [(16, 16, 16), (32, 40, 144), (144, 24, 32)])
-def test_gemm_on_tensor_cores_rounds_operands_and_accumulates_in_float(precision, P, K, Q):
+def test_gemm_on_tensor_cores_rounds_operands_and_accumulates_in_float(precision, P, K, Q, limits):
     """The operands rounded to the precision (numpy's float16, bf16 and tf32 by integer
     arithmetic), products summed in float32: K not a multiple of the chunk (zeros past it),
     P or Q past 128 (several block tiles), b read as given and as x.T."""
-    a, b, c0, out, acc = _products(precision, P, K, Q, P + K + Q)
+    a, b, c0, out, acc = _products(precision, P, K, Q, P + K + Q, limits=limits)
     rounding = ROUNDING[precision]
     want = rounding(a).astype(np.float64) @ rounding(b)
     assert rel_error(out, want) < 1e-6  # only the float32 accumulation order differs
     assert rel_error(acc, want + c0) < 1e-6
     assert rel_error(out, a.astype(np.float64) @ b) > 1e-6  # the operands really were rounded
+
+
+# -- operands the GEMMs read in place ----------------------------------------------------
+def _folded(xs, ks, ys, w1):
+    """Columns of x on the left, a concatenation along K and a transposed tile on the right,
+    the three products summed."""
+    return ft.map(lambda x, k, y: x[:, 3:11] @ w1 + x @ ft.concat((y, y * 2.0), axis=0) + x @ k.T, xs, ks, ys)
+
+
+def test_transposes_concatenations_and_columns_are_read_in_place():
+    """None of x[:, 3:11], concat((y, 2 y)) and k.T is copied into a tile: the GEMMs read x
+    from column 3 on, y and 2 y as two accumulating GEMMs, k along its rows (TRANS); the
+    three products are one tile, each later GEMM accumulating into it."""
+    w1 = rand((8, 6), 1)
+    prog = ft.compile(lambda xs, ks, ys: _folded(xs, ks, ys, w1), spec(["N"], [4, 16]), spec(["N"], [6, 16]),
+                      spec(["N"], [8, 6]), target="cuda-emulated")
+    body = prog.source.split("__device__ static void S_b0")[1].split("\n}\n")[0]
+    assert "_tx" not in body  # no transpose
+    calls = [line for line in body.splitlines() if "ft::gemm_f32<" in line]
+    assert len(calls) == 4 and sum(", true, " in line.split(">(")[0] for line in calls) == 3
+    assert any("ft::Batch<4>{v0, (int)_nb, 16, 3}" in line for line in calls)  # x[:, 3:11]
+    assert any(", true, true, " in line for line in calls)  # k.T
+    for n in (1, 17):
+        xs, ks, ys = flist([n], [4, 16], 4 + n), flist([n], [6, 16], 5 + n), flist([n], [8, 6], 6 + n)
+        assert rel_error(prog(xs, ks, ys), _folded(xs, ks, ys, w1)) < 1e-5
+
+
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+def test_bigbird_at_d512_fits_and_equals_eager(precision):
+    """BigBird with blocks of 64 x 512 (its windowed key blocks a [192, 512] concatenation, the
+    output a sum of five products) generates within a block's shared memory and equals eager."""
+    mod = WORKLOADS["bigbird"]
+    inputs = mod.inputs("small", seed=8, B=1, nb=8, bs=64, d=512)
+    prog = ft.compile(mod.program, *inputs, target="cuda-emulated", precision=precision)
+    assert ("ft::gemm_tc<" in prog.source) == (precision != "fp32")
+    assert rel_error(prog(*inputs), mod.program(*inputs)) < TOLERANCE[precision]
