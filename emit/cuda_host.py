@@ -16,10 +16,11 @@ parallel loop runs in block 0, then the barrier.
 
 Bounds that name an outer band iterator (a triangle, a wavefront's cells) flatten over their
 bounding box, computed with ISL, each instance guarded by the loop's own bounds. A parallel
-loop that cannot be flattened (a non-unit stride, no plain upper bound, a tiled loop whose
-bounds name the band's iterators, a sequential loop between bands whose bounds name them)
-runs serially inside the instance's block; the reason is kept in `PersistentKernel.serial`
-and written into the kernel as a comment.
+loop that cannot join a band (a non-unit stride, no plain upper bound, a tiled loop whose
+bounds name the band's iterators) becomes a sequential loop every block runs, the band
+carried inside it, or where its bounds name the band's iterators runs serially inside the
+instance's block, as do the parallel loops under a sequential loop or guard that names them;
+the reasons are kept in `PersistentKernel.serial` and written into the kernel as comments.
 
 The host side is one line of Python, `run(launch, *params)`: `launch(0, blocks)` with the
 most instances any band has at once (ISL, over the lengths), or None where ISL cannot bound
@@ -137,15 +138,18 @@ class PersistentKernel:
         """The code running `node` for every instance of `band` (for-nodes, outermost first),
         the parallel loops in `node` joining the band where they can."""
         t = node.get_type()
+        mine = {lp.for_get_iterator().get_id().get_name() for lp in band}
         if t == isl.ast_node_type.for_ and self.parallel[level(node)]:
             why = self._unmappable(band, node)
             if why is None:
                 return self._mapped(band + [node], node.for_get_body(), path)
-            self.serial.append(why)
+            if not mine & names(f"{node.for_get_init().to_C_str()} {node.for_get_cond().to_C_str()}"):
+                self.serial.append(f"{why}: every block runs it as a sequential loop")
+                return self._loop(node, path, lambda n, p: self._mapped(band, n, p))
+            self.serial.append(f"{why}: it runs serially")
             return self._band(band, node, path, why)
         if not has_parallel(node, self.parallel):
             return self._band(band, node, path)
-        mine = {lp.for_get_iterator().get_id().get_name() for lp in band}
         if t == isl.ast_node_type.block:  # distributed: one band per node
             return cgen.Block([self._mapped(band, c, path) for c in children(node)])
         if t == isl.ast_node_type.mark:
@@ -169,11 +173,11 @@ class PersistentKernel:
         it = node.for_get_iterator().get_id().get_name()
         if node.for_get_inc().to_C_str() != "1" or upper_bound(node)[0] is None:
             return f"the parallel loop over {it} ({node.for_get_cond().to_C_str()}, step " \
-                   f"{node.for_get_inc().to_C_str()}) is not a unit-stride loop with an upper bound: it runs serially"
+                   f"{node.for_get_inc().to_C_str()}) is not a unit-stride loop with an upper bound"
         mine = {lp.for_get_iterator().get_id().get_name() for lp in band}
         bounds = f"{node.for_get_init().to_C_str()} {node.for_get_cond().to_C_str()}"
         if mine & names(bounds) - {it} and loop_key(node) in self.tiles:
-            return f"the tiled parallel loop over {it} has bounds naming the band's iterators: it runs serially"
+            return f"the tiled parallel loop over {it} has bounds naming the band's iterators"
         return None
 
     def _band(self, band: list, body, path, why=None):

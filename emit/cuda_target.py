@@ -160,7 +160,7 @@ class CudaTarget(Target):
                     f"#ifdef FT_EMULATED\nif (threadIdx.x == 0) memset(ft_arena + {lo}, 0xff, {hi - lo});\n"
                     f"__syncthreads();\n#endif"))
             lines = [cgen.Block([cgen.Line("const ctx_t* c = &ft_own;")] + lines)]
-        notes = [cgen.Comment(f"runs serially: {why}") for why in driver.serial]
+        notes = [cgen.Comment(f"parallel loop not mapped to blocks: {why}") for why in driver.serial]
         kernel = cgen.FunctionBody(
             cgen.FunctionDeclaration(cgen.Value(f'extern "C" __global__ void __launch_bounds__({self.threads}, '
                                                 f'{BLOCKS_PER_SM})', "polyft_k0"),
