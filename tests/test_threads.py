@@ -343,3 +343,41 @@ def test_threads_that_cannot_start_fall_back_to_one_with_a_warning():
     err, last, warned, message = r.stdout.split(maxsplit=3)
     assert float(err) < 1e-5 and last == "1" and warned == "1", r.stdout
     assert "cannot start 16 threads" in message
+
+
+def test_a_grandchild_of_the_process_that_ran_on_two_threads_runs_too():
+    """The child never starts a pool of its own, but its libgomp state is the parent's stale one,
+    which its own child inherits (as it inherits the note that a pool started): the grandchild
+    runs on one thread as well. os.fork directly (a
+    Pool's workers may not have children); each process is waited for at most 60 s."""
+    prog = ft.compile(rows, ROWS_XS, ROWS_W)
+    prog.threads.fixed = 2
+    prog(ROWS_XS, ROWS_W)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child, then the grandchild: each writes its error and count, then exits at once
+        try:
+            inner = os.fork()
+            err = rel_error(prog(ROWS_XS, ROWS_W), rows(ROWS_XS, ROWS_W))
+            os.write(write, f"{'grandchild' if inner == 0 else 'child'} {err} {prog.threads.last}\n".encode())
+            if inner:
+                waited(inner)
+        finally:
+            os._exit(0)
+    os.close(write)
+    waited(pid)
+    with os.fdopen(read) as f:
+        lines = sorted(f.read().split("\n")[:-1])
+    assert [line.split()[0] for line in lines] == ["child", "grandchild"], lines
+    assert all(float(line.split()[1]) < 1e-5 and line.split()[2] == "1" for line in lines), lines
+
+
+def waited(pid, seconds=60):
+    """Wait for the process `pid`, killing it (and failing) past `seconds`."""
+    for _ in range(seconds * 10):
+        if os.waitpid(pid, os.WNOHANG) != (0, 0):
+            return
+        time.sleep(0.1)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail(f"process {pid} still ran after {seconds} s: it hung")
