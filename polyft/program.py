@@ -245,6 +245,7 @@ class CompiledProgram(Program):
                 raise InputError(f"compiled for {p} = {v}, called with {p} = {params[p]}", op="call")
         params = {**self.model.sizes, **params}
         check_addressable(self.etdg.buffers, params, InputError, "call")
+        self.schedule.check_lengths(params)
         storage = {}
         for (name, buf), arg in zip(self.etdg.inputs, inputs):
             if buf is None:

@@ -113,6 +113,17 @@ class Schedule:
                 _steps_as_run(self.model, self.map, self.parallel)
         return self._counts["steps_as_run"]
 
+    def check_lengths(self, lengths: dict) -> None:
+        """Before a call at `lengths` (every length of the model): a user's schedule whose loops
+        would be almost all empty at them is a ScheduleError (`check_scan`; done at compile time
+        where the lengths were known then), once per set of lengths."""
+        if self.kind != "user" or self.model is None or all(p in self.model.sizes for p in self.model.params):
+            return
+        key = ("scan",) + tuple(lengths[p] for p in self.model.params)
+        if key not in self._counts:
+            check_scan(self.model, self.per_statement, {p: lengths[p] for p in self.model.params})
+            self._counts[key] = True
+
     def plot(self, sizes=None, band=None, slice_at=None):
         """A matplotlib Figure of one band's instances under the original schedule and this one,
         side by side (the paper's Figures 5/6): sequential steps as colours, flow dependences as

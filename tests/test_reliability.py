@@ -40,6 +40,22 @@ def test_a_schedule_spreading_few_instances_over_a_huge_range_is_rejected_with_t
     assert "8e+12 iterations for 30 statement instances" in msg and "coefficients" in msg, msg
 
 
+def test_with_symbolic_lengths_the_count_is_checked_at_each_calls_lengths():
+    """With the layers' count concrete (3) the spread schedule is injective for every L, so it
+    compiles; a call at L = 5 would run 8e12 loop iterations: a ScheduleError before any native
+    code runs, with the lengths; lengths where the loops stay small run and equal eager."""
+    xss_spec, _ = stacked_rnn.specs("small")
+    ws_spec = ft.spec("[3]float32[8, 8]")
+    prog = ft.compile(stacked_rnn.program, xss_spec, ws_spec, schedule=SPREAD % 10 ** 12)
+    xss, ws = stacked_rnn.inputs("small", 0)
+    with pytest.raises(ScheduleError) as e:
+        prog(xss, ws)  # symbolic-call
+    at_line(e.value, "symbolic-call")
+    assert "8e+12 iterations for 30 statement instances at L = 5, N = 2" in str(e.value)
+    one = ft.FractalTensor.from_numpy(xss.to_numpy()[:, :1], 2)  # L = 1: k is 0, nothing is spread
+    assert_same(prog(one, ws), stacked_rnn.program(one, ws))
+
+
 def test_the_scan_count_is_exact_for_boxes_and_spread_schedules():
     """The counts the check compares: the wavefront's loops, the nest's own, a spread schedule's
     (2 values of i times 4 * 10**6 + 3 of the second dim), and a moderate spread still compiles
