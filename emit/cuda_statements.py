@@ -13,7 +13,7 @@ from polyft.errors import CompileError
 from polyft.etdg import OpNode
 from polyft.primitives import getitem_axes
 
-from .c_statements import BINARY, UNARY, StatementBody, cast, ctype, native_dtype
+from .c_statements import BINARY, UNARY, StatementBody, ctype, native_dtype
 from .cuda_arena import SHARED_LIMIT, Arena
 
 # operand precision of matmuls -> (WMMA element type, k of a fragment, bytes of an element
@@ -210,26 +210,12 @@ class CudaStatementBody(StatementBody):
         n = max(1, math.prod(shape))
         batched = any(op in self.batched for op in group)
 
+        def store(op, assign):  # a value the same for every instance: written by the first instance's threads
+            return [cgen.If("_b == 0", assign) if batched and op not in self.batched else assign]
+
         def body(idx):
             lines = [cgen.Line(f"const int _b = _ef / {n};")] if batched else []
-            for op in group:
-                vals = []
-                for a in op.inputs:
-                    if isinstance(a, OpNode) and a in members:
-                        vals.append(cast(f"_t{a.id}", a.dtype, op.dtype))
-                    else:
-                        name, shape, dtype = self._operand(a)
-                        vals.append(cast(self._at(name, shape, op.shape, idx), dtype, op.dtype))
-                if op.op in UNARY:
-                    expr = UNARY[op.op].format(x=vals[0] if vals else "0", f=self._f(op))
-                else:
-                    expr = BINARY[op.op].format(a=vals[0], b=vals[1], f=self._f(op))
-                lines.append(cgen.Line(f"const {ctype(op.dtype)} _t{op.id} = {expr};"))
-                if op in kept:
-                    store = cgen.Assign(f"{self._ref(op)}[{self._flat(op.shape, idx)}]", f"_t{op.id}")
-                    # a value the same for every instance is written by the first instance's threads
-                    lines.append(cgen.If("_b == 0", store) if batched and op not in self.batched else store)
-            return lines
+            return lines + self._chain(group, kept, idx, store)
         self._in_batch = batched
         self.lines.append(self._loops(shape, body, "_e", "_nb" if batched else 1))
         self._in_batch = False
