@@ -11,33 +11,53 @@
 namespace ft {
 
 /* -- global memory ------------------------------------------------------------------------
-   Every read of global memory by the tile library is one of these two copies into shared
+   Every read of global memory by the tile library is one of a thread's Copies into shared
    memory: asynchronous (cp.async, sm_80 and later) from global memory, plain loads from shared
-   memory (a source the statement computed) and in the emulator. A thread's copies are waited
-   for with copies_wait, then a barrier makes everyone's visible. */
-__device__ __forceinline__ void copy16(float* dst, const float* src) {  /* both 16-byte aligned */
-#if !defined(FT_EMULATED) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  if (__isGlobal(src)) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
-    return;
+   memory (a source the statement computed). `wait` returns once this thread's copies have
+   landed; a barrier after it makes everyone's visible. The emulator performs the copies only
+   at `wait` (the latest a GPU may land them), so reading a chunk before waiting for it gives
+   wrong results there too. */
+struct Copies {
+#ifdef FT_EMULATED
+  enum { MAX = 256 };
+  struct Copy { float* dst; const float* src; int n; } pending[MAX];
+  int count = 0;
+  void copy(float* dst, const float* src, int n) {
+    if (count == MAX) wait();  /* landing early is allowed */
+    pending[count++] = Copy{dst, src, n};
+  }
+  void copy16(float* dst, const float* src) { copy(dst, src, 4); }
+  void copy4(float* dst, const float* src) { copy(dst, src, 1); }
+  void wait() {
+    for (int i = 0; i < count; i++) memcpy(pending[i].dst, pending[i].src, pending[i].n * sizeof(float));
+    count = 0;
+  }
+#else
+  __device__ __forceinline__ void copy16(float* dst, const float* src) {  /* both 16-byte aligned */
+#if __CUDA_ARCH__ >= 800
+    if (__isGlobal(src)) {
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
+      return;
+    }
+#endif
+    *reinterpret_cast<float4*>(dst) = *reinterpret_cast<const float4*>(src);
+  }
+  __device__ __forceinline__ void copy4(float* dst, const float* src) {
+#if __CUDA_ARCH__ >= 800
+    if (__isGlobal(src)) {
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
+      return;
+    }
+#endif
+    *dst = *src;
+  }
+  __device__ __forceinline__ void wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_all;\n" ::);
+#endif
   }
 #endif
-  *reinterpret_cast<float4*>(dst) = *reinterpret_cast<const float4*>(src);
-}
-__device__ __forceinline__ void copy4(float* dst, const float* src) {
-#if !defined(FT_EMULATED) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  if (__isGlobal(src)) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
-    return;
-  }
-#endif
-  *dst = *src;
-}
-__device__ __forceinline__ void copies_wait() {  /* this thread's copies have landed */
-#if !defined(FT_EMULATED) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_all;\n" ::);
-#endif
-}
+};
 
 /* Matrix operands of the GEMMs, by rows (any memory): row r of a row-major matrix ... */
 struct Rows {
@@ -59,7 +79,8 @@ struct Batch {
 /* Cooperative staging: rows r0..r0+R-1 and columns c0..c0+C-1 of matrix m into dst (row
    stride LD), zeros past its nrows x ncols; 16 bytes a copy where aligned. */
 template <int R, int C, int LD, typename M>
-__device__ __forceinline__ void stage_tile(float* __restrict__ dst, const M& m, int r0, int c0, int nrows, int ncols) {
+__device__ __forceinline__ void stage_tile(Copies& cp, float* __restrict__ dst, const M& m, int r0, int c0, int nrows,
+                                           int ncols) {
   static_assert(C % 4 == 0 && LD % 4 == 0, "staged rows are float4s");
   for (int e = threadIdx.x; e < R * C / 4; e += FT_THREADS) {
     const int r = e / (C / 4), c = e % (C / 4) * 4;
@@ -67,10 +88,10 @@ __device__ __forceinline__ void stage_tile(float* __restrict__ dst, const M& m, 
     const float* s = r0 + r < nrows ? m.row(r0 + r) : nullptr;
     if (s != nullptr) s += c0 + c;
     if (s != nullptr && c0 + c + 4 <= ncols && (uintptr_t)s % 16 == 0) {
-      copy16(d, s);
+      cp.copy16(d, s);
     } else {
       for (int i = 0; i < 4; i++) {
-        if (s != nullptr && c0 + c + i < ncols) copy4(d + i, s + i);
+        if (s != nullptr && c0 + c + i < ncols) cp.copy4(d + i, s + i);
         else d[i] = 0.0f;
       }
     }
@@ -91,10 +112,10 @@ struct Chunks {
   __device__ __forceinline__ float* b(int c) const { return a(c) + A; }
   /* chunk c of the block tile at (m0, n0) into buffer c % 2 */
   template <int P, int K, int Q, typename MA, typename MB>
-  __device__ __forceinline__ void load(int c, const MA& ma, const MB& mb, int m0, int n0) const {
-    stage_tile<BM, BK, LA>(a(c), ma, m0, c * BK, P, K);
-    if (TRANS) stage_tile<BN, BK, LB>(b(c), mb, n0, c * BK, Q, K);
-    else stage_tile<BK, BN, LB>(b(c), mb, c * BK, n0, K, Q);
+  __device__ __forceinline__ void load(Copies& cp, int c, const MA& ma, const MB& mb, int m0, int n0) const {
+    stage_tile<BM, BK, LA>(cp, a(c), ma, m0, c * BK, P, K);
+    if (TRANS) stage_tile<BN, BK, LB>(cp, b(c), mb, n0, c * BK, Q, K);
+    else stage_tile<BK, BN, LB>(cp, b(c), mb, c * BK, n0, K, Q);
   }
 };
 
@@ -206,6 +227,7 @@ __device__ void gemm_f32(float* __restrict__ out, const MA a, const MB b, unsign
   static_assert(C::BYTES == STAGE, "the stage the target allotted is this GEMM's");
   static_assert(BN % 4 == 0 && NT <= FT_THREADS && BM % MT == 0, "a tile the block's threads cover");
   const C ch = {reinterpret_cast<float*>(stage)};
+  Copies cp;
   const int tm = threadIdx.x / NT, tn = threadIdx.x % NT;
   const bool active = threadIdx.x < MT * NT;
   for (int m0 = 0; m0 < P; m0 += BM)
@@ -213,11 +235,11 @@ __device__ void gemm_f32(float* __restrict__ out, const MA a, const MB b, unsign
       float acc[TM][4];
       for (int i = 0; i < TM; i++)
         for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
-      ch.template load<P, K, Q>(0, a, b, m0, n0);
+      ch.template load<P, K, Q>(cp, 0, a, b, m0, n0);
       for (int c = 0; c < NK; c++) {
-        copies_wait();
+        cp.wait();
         __syncthreads();  /* chunk c is in; every thread is done with chunk c - 1, whose buffer c + 1 takes */
-        if (c + 1 < NK) ch.template load<P, K, Q>(c + 1, a, b, m0, n0);
+        if (c + 1 < NK) ch.template load<P, K, Q>(cp, c + 1, a, b, m0, n0);
         if (active) multiply_chunk<TM, MT, NT, BK, C::LA, C::LB, TRANS>(acc, ch.a(c), ch.b(c), tm, tn);
       }
       __syncthreads();  /* the next tile's first chunk may overwrite the buffers */
@@ -275,6 +297,7 @@ __device__ void gemm_tc(float* __restrict__ out, const MA a, const MB b, unsigne
   static_assert(P % 16 == 0 && Q % 16 == 0 && BK % FK == 0 && TI % WI == 0 && TJ % WJ == 0,
                 "whole fragments for each warp");
   const C ch = {reinterpret_cast<float*>(stage)};
+  Copies cp;
   E* const ha = reinterpret_cast<E*>(stage + C::BYTES);
   E* const hb = ha + BM * HA;
   const int warp = threadIdx.x / 32, wi = warp / WJ, wj = warp % WJ;
@@ -288,11 +311,11 @@ __device__ void gemm_tc(float* __restrict__ out, const MA a, const MB b, unsigne
           if (ACC && active && p < P && q < Q) wmma::load_matrix_sync(acc[x][y], out + p * Q + q, Q, wmma::mem_row_major);
           else wmma::fill_fragment(acc[x][y], 0.0f);
         }
-      ch.template load<P, K, Q>(0, a, b, m0, n0);
+      ch.template load<P, K, Q>(cp, 0, a, b, m0, n0);
       for (int c = 0; c < NK; c++) {
-        copies_wait();
+        cp.wait();
         __syncthreads();  /* chunk c is in; the last chunk's fragments have all been loaded */
-        if (c + 1 < NK) ch.template load<P, K, Q>(c + 1, a, b, m0, n0);
+        if (c + 1 < NK) ch.template load<P, K, Q>(cp, c + 1, a, b, m0, n0);
         convert_chunk<Pr, BM, BK, C::LA, HA>(ha, ch.a(c));
         if (TRANS) convert_chunk<Pr, BN, BK, C::LB, HB>(hb, ch.b(c));
         else convert_chunk<Pr, BK, BN, C::LB, HB>(hb, ch.b(c));

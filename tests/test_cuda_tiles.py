@@ -163,3 +163,26 @@ def test_bigbird_at_d512_fits_and_equals_eager(precision):
     prog = ft.compile(mod.program, *inputs, target="cuda-emulated", precision=precision)
     assert ("ft::gemm_tc<" in prog.source) == (precision != "fp32")
     assert rel_error(prog(*inputs), mod.program(*inputs)) < TOLERANCE[precision]
+
+
+def test_async_copies_land_only_when_waited_for():
+    """The emulator performs a thread's copies at its wait (the latest a GPU may land them), so
+    a GEMM reading a chunk before waiting for it reads stale shared memory here too."""
+    x = rand(5 * 64, 9)  # per thread: one float copied alone, then four as one 16-byte copy
+    before, after = np.zeros(5 * 64, np.float32), np.zeros(5 * 64, np.float32)
+    run_kernel("""
+  __shared__ __align__(16) float t[5 * FT_THREADS];
+  float* const one = t + threadIdx.x;
+  float* const four = t + FT_THREADS + 4 * threadIdx.x;
+  *one = four[0] = four[1] = four[2] = four[3] = -1.0f;
+  ft::Copies cp;
+  cp.copy4(one, c->b0 + threadIdx.x);
+  cp.copy16(four, c->b0 + FT_THREADS + 4 * threadIdx.x);
+  for (int k = 0; k < 2; k++) {  /* k = 0: before the wait; 1: after it */
+    if (k == 1) cp.wait();
+    float* const out = k == 0 ? c->b1 : c->b2;
+    out[threadIdx.x] = *one;
+    for (int i = 0; i < 4; i++) out[FT_THREADS + 4 * threadIdx.x + i] = four[i];
+  }""", x, before, after)
+    np.testing.assert_array_equal(before, np.full(5 * 64, -1.0, np.float32))
+    np.testing.assert_array_equal(after, x)
