@@ -23,15 +23,22 @@ CTYPES = {"float32": "float", "float64": "double", "float16": "float", "int64": 
 # (the C target's vectorise, emit/vecmath.h)
 UNARY = {"neg": "-({x})", "copy": "{x}", "astype": "{x}", "tanh": "ft_tanh{f}({x})", "exp": "ft_exp{f}({x})",
          "log": "log{f}({x})", "sqrt": "sqrt{f}({x})", "sigmoid": "ft_sigmoid{f}({x})",
-         "relu": "ft_maximum({x}, 0)", "zeros_like": "0"}
+         "relu": "ft_maximum({x}, 0)", "zeros_like": "0", "log1p": "log1p{f}({x})", "abs": "ft_abs({x})",
+         "softplus": "ft_softplus{f}({x})"}
+# operations of two operands, and where's three ({a} its mask, read uncast: `_chain`)
 BINARY = {"add": "({a}) + ({b})", "sub": "({a}) - ({b})", "mul": "({a}) * ({b})",
-          "truediv": "({a}) / ({b})", "maximum": "ft_maximum({a}, {b})", "minimum": "ft_minimum({a}, {b})"}
-# the macros behind them (both targets' preludes); max reductions step with ft_maximum too
+          "truediv": "({a}) / ({b})", "maximum": "ft_maximum({a}, {b})", "minimum": "ft_minimum({a}, {b})",
+          "pow": "pow{f}({a}, {b})", "where": "(({a}) != 0 ? ({b}) : ({c}))"}
+# the macros behind them (both targets' preludes); max reductions step with ft_maximum too.
+# ft_abs: `+ 0` makes |-0| +0, as numpy's; ft_softplus: numpy's logaddexp(0, x), no overflow
 NAN_MACROS = """#define ft_maximum(a, b) ((a) != (a) || (a) > (b) ? (a) : (b))
 #define ft_minimum(a, b) ((a) != (a) || (a) < (b) ? (a) : (b))
 #define ft_exp exp
 #define ft_tanh tanh
-#define ft_sigmoid(x) (1 / (1 + exp(-(x))))"""
+#define ft_sigmoid(x) (1 / (1 + exp(-(x))))
+#define ft_abs(x) ((x) < 0 ? -(x) : (x) + 0)
+#define ft_softplus(x) (ft_maximum((x), 0) + log1p(exp(-fabs(x))))
+#define ft_softplusf(x) (ft_maximum((x), 0) + log1pf(ft_expf(-fabsf(x))))"""
 
 
 def ctype(dtype: str) -> str:
@@ -318,16 +325,18 @@ class StatementBody:
         members, lines = set(group), []
         for op in group:
             vals = []
-            for a in op.inputs:
+            for k, a in enumerate(op.inputs):
                 if isinstance(a, OpNode) and a in members:
-                    vals.append(cast(f"_t{a.id}", a.dtype, op.dtype))
+                    name, dtype = f"_t{a.id}", a.dtype
                 else:
                     name, shape, dtype = self._operand(a)
-                    vals.append(cast(self._at(name, shape, op.shape, idx), dtype, op.dtype))
+                    name = self._at(name, shape, op.shape, idx)
+                # where's mask is tested as it is (a float 0.5 cast to an int result would be 0)
+                vals.append(name if op.op == "where" and k == 0 else cast(name, dtype, op.dtype))
             if op.op in UNARY:
                 expr = UNARY[op.op].format(x=vals[0] if vals else "0", f=self._f(op))
             else:
-                expr = BINARY[op.op].format(a=vals[0], b=vals[1], f=self._f(op))
+                expr = BINARY[op.op].format(a=vals[0], b=vals[1], c=vals[-1], f=self._f(op))
             lines.append(cgen.Line(f"const {ctype(op.dtype)} _t{op.id} = {expr};"))
             if op in kept:
                 lines += store(op, cgen.Assign(f"{self._ref(op)}[{self._flat(op.shape, idx)}]", f"_t{op.id}"))
@@ -763,6 +772,30 @@ class StatementBody:
                         cgen.Line(f"_sm += {o}[{at('_a')}];")])),
                     cgen.For("int _a = 0", f"_a < {n}", "_a++", cgen.Line(f"{o}[{at('_a')}] /= _sm;"))]
         self.lines.append(self._loops([s[d] for d in outer], body, "_e"))
+
+    def _op_logsumexp(self, op):
+        """Per output element: the max over the reduced axes (NaN skipped: its exp makes the sum
+        NaN), shifted by where it is finite (all -inf: log 0 = -inf; a +inf: +inf, as scipy's),
+        then log of the sum of exps; both passes reduce in vector lanes on the C target."""
+        x, s, axes, keep = self._reduced(op)
+        self._decl(op)
+        o, t, f = self._ref(op), ctype(op.dtype), self._f(op)
+
+        def over(idx, inner):  # the reduced axes' loops around `inner`, reading x at `_v`
+            it = iter(idx)
+            src = [f"_r{d}" if d in axes else next(it) for d in range(len(s))]
+            node = cgen.Block([cgen.Line(f"const {t} _v = {x}[{self._flat(s, src)}];"), cgen.Line(inner)])
+            for d in reversed(axes):
+                node = cgen.For(f"int _r{d} = 0", f"_r{d} < {s[d]}", f"_r{d}++", node)
+            return node
+
+        def body(idx):
+            return [cgen.Line(f"{t} _mx = -INFINITY, _sm = 0;"), *self._simd("max:_mx"),
+                    over(idx, "_mx = _v > _mx ? _v : _mx;"),
+                    cgen.Line(f"const {t} _sh = isfinite(_mx) ? _mx : 0;"), *self._simd("+:_sm"),
+                    over(idx, f"_sm += ft_exp{f}(_v - _sh);"),
+                    cgen.Assign(f"{o}[{self._flat([s[d] for d in keep], idx)}]", f"log{f}(_sm) + _sh")]
+        self.lines.append(self._loops([s[d] for d in keep], body, "_e"))
 
     def _op_concat(self, op):
         axis = op.attrs.get("axis", 0) % len(op.shape)

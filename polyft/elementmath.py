@@ -48,6 +48,32 @@ def sqrt(x):
     return _bind("sqrt", (x,), {})
 
 
+def log1p(x):
+    """log(1 + x), exact for x near 0 (where log(1 + x) rounds 1 + x first)."""
+    return _bind("log1p", (x,), {})
+
+
+def softplus(x):
+    """log(1 + exp(x)) as numpy's logaddexp(0, x): no overflow for large x."""
+    return _bind("softplus", (x,), {})
+
+
+def abs(x):
+    """|x| (numpy's abs; `abs(x)` on a traced value is the same)."""
+    return _bind("abs", (x,), {})
+
+
+def pow(x, p):
+    """x ** p elementwise (numpy's power, with its broadcasting and promotion)."""
+    return _bind("pow", (x, p), {})
+
+
+def where(mask, a, b):
+    """numpy's where: `a` where mask is nonzero (NaN counts as nonzero), else `b`, all three
+    broadcast; the mask is a numeric tensor (compiled code has no bool type)."""
+    return _bind("where", (mask, a, b), {})
+
+
 def relu(x):
     return _bind("relu", (x,), {})
 
@@ -71,6 +97,11 @@ def sum(x, axis=None, keepdims: bool = False):
 
 def mean(x, axis=None, keepdims: bool = False):
     return _bind("mean", (x,), {"axis": axis, "keepdims": keepdims})
+
+
+def logsumexp(x, axis=None, keepdims: bool = False):
+    """log(sum(exp(x))) along axis, shifted by the max where it is finite (scipy's semantics)."""
+    return _bind("logsumexp", (x,), {"axis": axis, "keepdims": keepdims})
 
 
 def softmax(x, axis: int = -1):

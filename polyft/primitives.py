@@ -66,6 +66,11 @@ def _axis_rule(name, shapes, axis=None, keepdims=False):
     normalize_axis(name, shapes[0], axis)
 
 
+def _where_rule(name, shapes):
+    """where(mask, a, b): the three shapes broadcast together, as numpy's."""
+    broadcast_shape(name, broadcast_shape(name, shapes[0], shapes[1]), shapes[2])
+
+
 def _concat_rule(name, shapes, axis=0):
     if not shapes:
         raise ShapeError("needs at least one tensor", op=name)
@@ -103,6 +108,17 @@ def _softmax(x, axis=-1):
     return e / np.sum(e, axis=axis, keepdims=True)
 
 
+def _logsumexp(x, axis=None, keepdims=False):
+    """log(sum(exp(x))) over axis, shifted by the max where it is finite (scipy's rule: all -inf
+    gives -inf, a +inf gives +inf, a NaN gives NaN)."""
+    x = np.asarray(x)
+    m = np.max(x, axis=axis, keepdims=True)
+    shift = np.where(np.isfinite(m), m, 0).astype(m.dtype)
+    with np.errstate(divide="ignore"):  # log(0) = -inf, numpy's meaning for an all -inf row
+        out = np.log(np.sum(np.exp(x - shift), axis=axis, keepdims=True)) + shift
+    return out if keepdims else np.squeeze(out, axis=axis)
+
+
 PRIMITIVES = {p.name: p for p in (
     # Python's operators (on traced values: `tracing.Value`'s dunder methods)
     Primitive("add", operator.add),
@@ -110,6 +126,8 @@ PRIMITIVES = {p.name: p for p in (
     Primitive("mul", operator.mul),
     Primitive("truediv", operator.truediv),
     Primitive("neg", operator.neg),
+    Primitive("pow", np.power, _broadcast_rule),  # `x ** p`; numpy's promotion (float32 ** 2 stays float32)
+    Primitive("abs", np.abs),  # `abs(x)`
     Primitive("matmul", np.matmul, _matmul_rule),
     Primitive("getitem", lambda x, key: x[key]),  # a static key: see `getitem_axes`
     Primitive("transpose", lambda x: np.swapaxes(x, -1, -2)),  # `x.T` of the 2-D tiles
@@ -121,6 +139,9 @@ PRIMITIVES = {p.name: p for p in (
     Primitive("exp", np.exp),
     Primitive("log", np.log),
     Primitive("sqrt", np.sqrt),
+    Primitive("log1p", np.log1p),  # log(1 + x), exact near 0
+    Primitive("softplus", lambda x: np.logaddexp(0, x)),  # log(1 + e^x), without overflow
+    Primitive("where", np.where, _where_rule),  # where(mask, a, b): a where mask is nonzero (NaN too)
     Primitive("relu", lambda x: np.maximum(x, 0)),
     Primitive("zeros_like", np.zeros_like),
     Primitive("maximum", np.maximum, _broadcast_rule),
@@ -129,6 +150,7 @@ PRIMITIVES = {p.name: p for p in (
     Primitive("sum", np.sum, _axis_rule),
     Primitive("mean", np.mean, _axis_rule),
     Primitive("softmax", _softmax, _axis_rule),
+    Primitive("logsumexp", _logsumexp, _axis_rule),
     Primitive("concat", lambda xs, axis=0: np.concatenate(xs, axis=axis), _concat_rule, variadic=True),
 )}
 

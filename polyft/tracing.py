@@ -135,10 +135,14 @@ class Value:
     __mul__, __rmul__ = _binop("mul"), _binop("mul", True)
     __truediv__, __rtruediv__ = _binop("truediv"), _binop("truediv", True)
     __matmul__, __rmatmul__ = _binop("matmul"), _binop("matmul", True)
+    __pow__, __rpow__ = _binop("pow"), _binop("pow", True)
     del _binop
 
     def __neg__(self):
         return apply_op("neg", (self,), {})
+
+    def __abs__(self):
+        return apply_op("abs", (self,), {})
 
     def astype(self, dtype):
         """The tile converted to `dtype` (numpy's `astype`)."""
@@ -215,7 +219,8 @@ class Value:
 # numpy ufuncs that are exactly an operation of the table (`primitives.PRIMITIVES`)
 _UFUNCS = {np.add: "add", np.subtract: "sub", np.multiply: "mul", np.true_divide: "truediv",
            np.negative: "neg", np.matmul: "matmul", np.tanh: "tanh", np.exp: "exp", np.log: "log",
-           np.sqrt: "sqrt", np.maximum: "maximum", np.minimum: "minimum"}
+           np.sqrt: "sqrt", np.maximum: "maximum", np.minimum: "minimum", np.power: "pow", np.absolute: "abs",
+           np.log1p: "log1p"}
 # the table's operations that are Python operators or internal, not `ft.` functions
 _NOT_FT = {"add", "sub", "mul", "truediv", "neg", "getitem", "copy", "astype"}
 _FT_NAMES = {"amax": "max", "concatenate": "concat", "swapaxes": "transpose"}

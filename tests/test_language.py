@@ -1,0 +1,122 @@
+"""Issue 29's constructs (elementwise math, reshapes, ...): each eagerly against an independent numpy
+(or scipy) reference, and compiled (C, cuda-emulated) against eager on fresh random inputs."""
+import numpy as np
+import pytest
+from scipy.special import logsumexp as scipy_logsumexp
+
+import polyft as ft
+from polyft.errors import ShapeError
+from polyft.testing import rel_error
+
+TARGETS = ["c", "cuda-emulated"]
+
+
+def rand(shape, seed):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def same_values(got, expected, tol=1e-5):
+    """NaN and infinities at the same places with the same signs; the finite rest within tol."""
+    got, expected = np.asarray(got, np.float64), np.asarray(expected, np.float64)
+    assert got.shape == expected.shape
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+    special = ~np.isfinite(expected)
+    np.testing.assert_array_equal(got[special & ~np.isnan(expected)], expected[special & ~np.isnan(expected)])
+    assert rel_error(got[~special], expected[~special]) < tol
+
+
+def with_specials(shape, seed):
+    """Random values with NaN, +-inf, +-0 and large magnitudes planted in."""
+    x = rand(shape, seed) * 3
+    flat = x.reshape(-1)
+    flat[:7] = [np.nan, np.inf, -np.inf, 0.0, -0.0, 80.0, -80.0]
+    np.random.default_rng(seed).shuffle(flat)
+    return x
+
+
+# -- elementwise and math operations --------------------------------------------------------
+X = rand((4, 6), 1)
+X64 = X.astype(np.float64)
+
+
+def test_eager_math_against_float64_references():
+    assert rel_error(ft.softplus(X), np.log1p(np.exp(X64))) < 1e-6
+    assert rel_error(ft.log1p(np.abs(X)), np.log(1 + np.abs(X64))) < 1e-6
+    assert rel_error(ft.abs(X), np.sqrt(X64 * X64)) < 1e-7
+    assert rel_error(ft.pow(np.abs(X), 1.5), np.exp(1.5 * np.log(np.abs(X64)))) < 1e-6
+    mask = (X > 0).astype(np.float32)
+    assert rel_error(ft.where(mask, X, -X), np.abs(X64)) < 1e-7
+    for axis, keepdims in ((None, False), (1, True), (0, False), ((0, 1), True)):
+        got = ft.logsumexp(X, axis, keepdims)
+        expected = np.log(np.sum(np.exp(X64), axis=axis, keepdims=keepdims))
+        assert np.shape(got) == np.shape(expected) and rel_error(got, expected) < 1e-6
+
+
+def test_eager_edge_cases_are_numpys_and_scipys():
+    big = np.array([1e4, -1e4, np.nan, np.inf, -np.inf], np.float32)
+    with np.errstate(invalid="ignore"):
+        same_values(ft.softplus(big), [1e4, 0, np.nan, np.inf, 0])
+    rows = np.array([[-np.inf, -np.inf], [np.inf, 1], [np.nan, 1], [np.inf, -np.inf], [1e4, 1e4]], np.float32)
+    same_values(ft.logsumexp(rows, axis=1), scipy_logsumexp(rows, axis=1))
+    assert ft.logsumexp(rows, axis=1).dtype == np.float32
+    assert ft.where(np.float32([np.nan, 0]), np.float32([1, 1]), np.float32([2, 2])).tolist() == [1, 2]
+    assert str(ft.abs(np.float32(-0.0))) == "0.0" and (X ** 2).dtype == np.float32
+
+
+def math_program(xs, ms):
+    """Every new operation, traced through Python's operators where it has one."""
+    def f(x, m):
+        s = ft.softplus(x) + ft.log1p(abs(x)) + abs(x) ** 1.5 - 2 ** x
+        return ft.where(m, s, ft.logsumexp(x, axis=1, keepdims=True)) + ft.logsumexp(x) + ft.pow(x * x, m)
+    return ft.map(f, xs, ms)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_compiled_math_equals_eager_on_fresh_inputs(target):
+    xs = ft.FractalTensor.from_numpy(rand((5, 4, 6), 2), 1)
+    ms = ft.FractalTensor.from_numpy((rand((5, 4, 6), 3) > 0).astype(np.float32) * rand((5, 4, 6), 4), 1)
+    prog = ft.compile(math_program, xs, ms, target=target)
+    fresh = ft.FractalTensor.from_numpy(rand((5, 4, 6), 5), 1)
+    with np.errstate(all="ignore"):
+        expected = math_program(fresh, ms)
+    same_values(prog(fresh, ms).to_numpy(), expected.to_numpy())
+
+
+def edge_program(xs):
+    return ft.map(lambda x: (ft.softplus(x), abs(x), ft.log1p(x), ft.logsumexp(x, axis=1),
+                             ft.where(x, x ** 2, -1.0), ft.pow(2.0, x)), xs)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_compiled_edge_cases_equal_eager(target):
+    """NaN, +-inf, -0 and overflowing values give numpy's results (positions of NaN and inf too)."""
+    xs = ft.FractalTensor.from_numpy(with_specials((3, 4, 5), 6), 1)
+    prog = ft.compile(edge_program, xs, target=target)
+    with np.errstate(all="ignore"):
+        expected = edge_program(xs)
+    for got, want in zip(prog(xs), expected):
+        same_values(got.to_numpy(), want.to_numpy())
+    assert not np.signbit(prog(xs)[1].to_numpy()).any()  # |-0| is +0
+
+
+def test_compiled_integer_math_and_a_fractional_mask():
+    """Integer abs, powers and where stay integers; a mask of 0.5 is true (not cast to an int 0)."""
+    ints = ft.FractalTensor.from_numpy(np.random.default_rng(7).integers(-9, 9, (4, 3)).astype(np.int64), 1)
+    mask = np.float32([0.5, 0, -2])
+
+    def f(xs):
+        return ft.map(lambda x: ft.where(mask, abs(x) ** 2, x), xs)
+    got = ft.compile(f, ints)(ints)
+    assert got.dtype == "int64"
+    np.testing.assert_array_equal(got.to_numpy(), np.where(mask != 0, np.abs(ints.to_numpy()) ** 2, ints.to_numpy()))
+
+
+def test_math_shape_errors_name_the_operation():
+    with pytest.raises(ShapeError, match="where.*broadcast"):
+        ft.where(np.ones(3, np.float32), X, X)
+    with pytest.raises(ShapeError, match="logsumexp.*axis 2"):
+        ft.logsumexp(X, axis=2)
+    xs = ft.FractalTensor.from_numpy(rand((2, 4, 6), 8), 1)
+    with pytest.raises(ShapeError, match="where") as e:
+        ft.trace(lambda xs: ft.map(lambda x: ft.where(x[:, :2], x, x), xs), xs)
+    assert "test_language.py" in str(e.value)
