@@ -307,6 +307,16 @@ class CudaStatementBody(StatementBody):
         else:
             self.lines.append(cgen.Statement(f"ft::gemm_f32<{args}>({out}, {a}, {b}, {stage})"))
 
+    def _op_transpose(self, op):
+        """A transpose the GEMMs do not read in place: threads walk the input in its own order
+        (consecutive threads, consecutive addresses: coalesced from global memory) and write
+        each element to its swapped place in the shared tile."""
+        x, s, _ = self._operand(op.inputs[0])
+        self._decl(op)
+        o = self._ref(op)
+        self.lines.append(self._loops(s, lambda idx: [cgen.Assign(
+            f"{o}[{self._flat(op.shape, idx[:-2] + idx[:-3:-1])}]", f"{x}[{self._flat(s, idx)}]")], "_e"))
+
     def _rows(self, op, x, s, axes, keep) -> bool:
         """A reduction of float32 over the trailing axes as rows of the tile library (ROWS)."""
         if not axes or axes != list(range(len(s) - len(axes), len(s))) or \

@@ -186,3 +186,29 @@ def test_async_copies_land_only_when_waited_for():
   }""", x, before, after)
     np.testing.assert_array_equal(before, np.full(5 * 64, -1.0, np.float32))
     np.testing.assert_array_equal(after, x)
+
+
+def _transposed(xs):
+    return xs.map(lambda x: x.T * 2.0 + 1.0)
+
+
+def test_a_transpose_not_read_by_a_gemm_reads_its_input_in_order():
+    """x.T * 2 + 1 is no matmul operand: the transpose is a tile, written from x read in its
+    own order (coalesced), then the elementwise pass."""
+    prog = ft.compile(_transposed, spec(["N"], [5, 12]), target="cuda-emulated")
+    body = prog.source.split("__device__ static void S_b0")[1].split("\\n}\\n")[0]
+    assert "(_ef % 12)" in body.split("for (int _ef")[1].split("}")[0]  # the first loop walks x's rows
+    for n in (1, 18):
+        xs = flist([n], [5, 12], 10 + n)
+        assert rel_error(prog(xs), _transposed(xs)) < 1e-6
+
+
+@pytest.mark.parametrize("precision", ["tf32", "fp16", "bf16"])
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_small_workloads_equal_eager_in_every_precision(name, precision):
+    """The small preset at reduced precisions: tensor cores where its tiles allow (multiples of
+    16), float32 GEMMs elsewhere; within the precision's tolerance of eager float32."""
+    mod = WORKLOADS[name]
+    inputs = mod.inputs("small", seed=13)
+    prog = ft.compile(mod.program, *mod.specs("small"), target="cuda-emulated", precision=precision)
+    assert rel_error(prog(*inputs), mod.program(*inputs)) < TOLERANCE[precision]
