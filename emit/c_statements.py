@@ -694,6 +694,26 @@ class StatementBody:
             cgen.Line(f"const {t}* {self.RESTRICT} _tx = {x};"), cgen.Line(f"{t}* {self.RESTRICT} _to = {o};"),
             self._loops(list(op.shape[:-2]) + [R // B, C // B, B, B], body, "_e")]))
 
+    def _op_permute(self, op):
+        """Axes in any order but a swap of the last two (`_op_transpose`): element by element,
+        output axis d reading input axis axes[d]."""
+        x, s, _ = self._operand(op.inputs[0])
+        self._decl(op)
+        o, axes = self._ref(op), op.attrs["axes"]
+
+        def body(idx):
+            src = [idx[axes.index(a)] for a in range(len(s))]
+            return [cgen.Assign(f"{o}[{self._flat(op.shape, idx)}]", f"{x}[{self._flat(s, src)}]")]
+        self.lines.append(self._loops(op.shape, body, "_e"))
+
+    def _op_reshape(self, op):
+        """The same elements in the same (row-major) order: a copy of the flat tile."""
+        x, _, _ = self._operand(op.inputs[0])
+        self._decl(op)
+        o = self._ref(op)
+        self.lines.append(self._loops([max(1, math.prod(op.shape))], lambda idx: [
+            cgen.Assign(f"{o}[{idx[0]}]", f"{x}[{idx[0]}]")], "_e"))
+
     def _reduced(self, op) -> tuple:
         """(input's C name, its shape s, reduced axes, kept axes) of a sum/max/mean."""
         x, s, _ = self._operand(op.inputs[0])

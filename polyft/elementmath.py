@@ -12,7 +12,7 @@ import numpy as np
 from . import tracing
 from .errors import DepthError
 from .fractaltensor import FractalTensor, ListBase, check_dtype, is_traced
-from .primitives import PRIMITIVES, permutation
+from .primitives import PRIMITIVES, permutation, reshaped, squeezed, unsqueezed
 
 
 def _bind(name: str, args: tuple, attrs: dict):
@@ -20,10 +20,16 @@ def _bind(name: str, args: tuple, attrs: dict):
     if any(is_traced(a) for a in args):
         return tracing.apply_op(name, args, attrs)
     for a in args:
-        if isinstance(a, ListBase):  # a list's elements are the tensors
-            raise DepthError(f"works on static-shape tensors, got the list {a!r}; apply it to each "
-                             "element with ft.map", op=name)
+        _shape(a, name)
     return PRIMITIVES[name].apply(args, attrs)
+
+
+def _shape(x, name: str) -> tuple:
+    """The static shape of a tensor operand; a list's elements are the tensors (a DepthError)."""
+    if isinstance(x, ListBase):
+        raise DepthError(f"works on static-shape tensors, got the list {x!r}; apply it to each "
+                         "element with ft.map", op=name)
+    return tuple(x.shape) if hasattr(x, "shape") else np.shape(x)
 
 
 # -- elementwise ---------------------------------------------------------------------------
@@ -133,6 +139,21 @@ def transpose(x, axes=None):
     if isinstance(x, ListBase):
         return _bind("transpose", (x,), {})  # the depth error
     return np.transpose(x, permutation("transpose", np.shape(x), axes))
+
+
+def reshape(x, shape):
+    """numpy's reshape (one -1 inferred); a ShapeError naming both shapes if the counts differ."""
+    return _bind("reshape", (x,), {"shape": reshaped("reshape", _shape(x, "reshape"), shape)})
+
+
+def squeeze(x, axis=None):
+    """x without its size-1 axes (those named by axis; None: all), as a reshape."""
+    return _bind("reshape", (x,), {"shape": squeezed(_shape(x, "squeeze"), axis)})
+
+
+def unsqueeze(x, axis):
+    """x with size-1 axes at `axis` (positions in the result: numpy's expand_dims), as a reshape."""
+    return _bind("reshape", (x,), {"shape": unsqueezed(_shape(x, "unsqueeze"), axis)})
 
 
 # -- constants -----------------------------------------------------------------------------

@@ -131,6 +131,8 @@ PRIMITIVES = {p.name: p for p in (
     Primitive("matmul", np.matmul, _matmul_rule),
     Primitive("getitem", lambda x, key: x[key]),  # a static key: see `getitem_axes`
     Primitive("transpose", lambda x: np.swapaxes(x, -1, -2)),  # `x.T` of the 2-D tiles
+    Primitive("permute", lambda x, axes: np.transpose(x, axes)),  # any other order (`permutation` checks it)
+    Primitive("reshape", lambda x, shape: np.reshape(x, shape)),  # shape resolved by `reshaped`
     Primitive("copy", np.copy),  # the tracer's copy of a view into a fresh buffer
     Primitive("astype", lambda x, dtype: np.asarray(x).astype(dtype)),  # `x.astype(d)`; matmul's operands
     # element math (`ft.tanh`, ...)
@@ -165,6 +167,50 @@ def permutation(name: str, shape: tuple, axes) -> tuple:
         raise ShapeError(f"axes {list(axes)} are not a permutation of the {len(shape)} axes of a {fmt_shape(shape)} "
                          "tensor", op=name)
     return perm
+
+
+def reshaped(name: str, shape: tuple, new) -> tuple:
+    """numpy's reshape of a `shape` tensor into `new` (one -1 inferred), as a concrete shape; a
+    ShapeError naming both shapes where the element counts differ."""
+    new = tuple(int(n) for n in (new if isinstance(new, (tuple, list)) else (new,)))
+    count = int(np.prod(shape))
+    known = int(np.prod([n for n in new if n != -1]))
+    if new.count(-1) > 1 or any(n < -1 for n in new):
+        raise ShapeError(f"cannot reshape {fmt_shape(shape)} into {fmt_shape(new)}: one -1 at most, no other "
+                         "negative size", op=name)
+    if -1 in new and known and count % known == 0:
+        new = tuple(count // known if n == -1 else n for n in new)
+    if -1 in new or int(np.prod(new)) != count:
+        raise ShapeError(f"cannot reshape {fmt_shape(shape)} ({count} elements) into {fmt_shape(new)}"
+                         f"{'' if -1 in new else f' ({int(np.prod(new))} elements)'}", op=name)
+    return new
+
+
+def squeezed(shape: tuple, axis) -> tuple:
+    """The shape without the size-1 axes named (None: all of them); a ShapeError for another size."""
+    axes = tuple(d for d, n in enumerate(shape) if n == 1) if axis is None else normalize_axis("squeeze", shape, axis)
+    for d in axes:
+        if shape[d] != 1:
+            raise ShapeError(f"axis {d} of {fmt_shape(shape)} has size {shape[d]}, not 1", op="squeeze")
+    return tuple(n for d, n in enumerate(shape) if d not in axes)
+
+
+def unsqueezed(shape: tuple, axis) -> tuple:
+    """The shape with size-1 axes at `axis` (positions in the result, numpy's expand_dims)."""
+    rank = len(shape) + len(np.atleast_1d(axis))
+    axes = set(normalize_axis("unsqueeze", (1,) * rank, axis))
+    rest = iter(shape)
+    return tuple(1 if d in axes else next(rest) for d in range(rank))
+
+
+def newaxis_shape(key, shape: tuple):
+    """For a static `x[key]` with None (numpy's newaxis) in it: (the key without them, the result's
+    shape), since the Nones only add size-1 axes; None when the key has no None."""
+    items = key if isinstance(key, tuple) else (key,)
+    if not any(k is None for k in items):
+        return None
+    out = np.broadcast_to(np.zeros((), np.int8), shape)[key].shape  # numpy's own rule, nothing allocated
+    return tuple(k for k in items if k is not None), out
 
 
 def getitem_axes(key, shape) -> list | None:

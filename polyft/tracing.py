@@ -29,7 +29,7 @@ from .etdg import (ETDG, Assumption, BlockNode, Buffer, Captured, Gather, OpNode
                    merge_perfect_nests, referenced, walk)
 from .fractaltensor import (FractalTensor, ListBase, Zip, describe_operand, gather_indices, unzip,
                            window_args)
-from .primitives import PRIMITIVES, permutation
+from .primitives import PRIMITIVES, newaxis_shape, permutation, reshaped
 from .types import DTYPES, Spec
 
 _DIM_LETTERS = "ijklmnpqrsuvw"
@@ -121,6 +121,11 @@ class Value:
         axes = axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes
         return permute(self, permutation("transpose", self.shape, axes or None), "transpose")
 
+    def reshape(self, *shape):
+        """numpy's `x.reshape(shape)` (one -1 inferred); compiled, the same elements in the same order."""
+        shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        return apply_op("reshape", (self,), {"shape": reshaped("reshape", self.shape, shape)})
+
     def __repr__(self):
         return f"Value({self.dtype}{list(self.shape)})"
 
@@ -149,6 +154,9 @@ class Value:
         return apply_op("astype", (self,), {"dtype": np.dtype(dtype).name})
 
     def __getitem__(self, key):
+        expand = newaxis_shape(key, self.shape)
+        if expand is not None:  # x[None], x[:, None]: the rest of the key, then size-1 axes added
+            return self[expand[0]].reshape(expand[1])
         return apply_op("getitem", (self,), {"key": key})
 
     def __setitem__(self, key, value):
@@ -246,16 +254,14 @@ def _key_text(key) -> str:
 
 
 def permute(x: Value, perm: tuple, op: str) -> Value:
-    """`x` with its axes in the order `perm`. Compiled code swaps the last two axes (batched 2-D
-    transposes) and nothing else: any other order is a ShapeError, not some other transpose."""
+    """`x` with its axes in the order `perm`: a swap of the last two is the batched 2-D transpose
+    (the targets' blocked kernel, and what GEMMs read in place), any other order a permute."""
     n = len(perm)
     if perm == tuple(range(n)):
         return x
     if perm == tuple(range(n - 2)) + (n - 1, n - 2):
         return apply_op("transpose", (x,), {})
-    raise errors.ShapeError(f"orders the axes of a {x.dtype}{list(x.shape)} element as {list(perm)} (numpy's meaning"
-                            f"{', every axis reversed' if op == 'x.T' else ''}); compiled code permutes the last "
-                            "two axes only: write ft.transpose(x) to swap those (each 2-D tile transposed)", op=op)
+    return apply_op("permute", (x,), {"axes": tuple(perm)})
 
 
 def _dummy(shape, dtype):

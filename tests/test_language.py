@@ -2,6 +2,7 @@
 (or scipy) reference, and compiled (C, cuda-emulated) against eager on fresh random inputs."""
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 from scipy.special import logsumexp as scipy_logsumexp
 
 import polyft as ft
@@ -120,3 +121,108 @@ def test_math_shape_errors_name_the_operation():
     with pytest.raises(ShapeError, match="where") as e:
         ft.trace(lambda xs: ft.map(lambda x: ft.where(x[:, :2], x, x), xs), xs)
     assert "test_language.py" in str(e.value)
+
+
+# -- element reshapes -----------------------------------------------------------------------
+def _factor(n, draw):
+    """A random shape of n elements (rank 1 to 3)."""
+    dims = []
+    for _ in range(draw(st.integers(0, 2))):
+        d = draw(st.sampled_from([k for k in range(1, n + 1) if n % k == 0]))
+        dims.append(d)
+        n //= d
+    return tuple(dims + [n])
+
+
+@st.composite
+def reshape_chains(draw):
+    """An element shape and 1-3 steps, each (kind, argument, numpy's function of it)."""
+    shape = tuple(draw(st.lists(st.integers(1, 4), min_size=1, max_size=3)))
+    steps, cur = [], shape
+    for _ in range(draw(st.integers(1, 3))):
+        kind = draw(st.sampled_from(["reshape", "squeeze", "unsqueeze", "permute", "newaxis"]))
+        if kind == "reshape":
+            arg = _factor(int(np.prod(cur)), draw)
+            cur = arg
+        elif kind == "squeeze":
+            arg = None
+            cur = tuple(n for n in cur if n != 1)
+        elif kind == "unsqueeze":
+            arg = draw(st.integers(-len(cur) - 1, len(cur)))
+            cur = np.expand_dims(np.zeros(cur), arg).shape
+        elif kind == "permute":
+            arg = tuple(draw(st.permutations(range(len(cur)))))
+            cur = tuple(cur[a] for a in arg)
+        else:
+            arg = draw(st.integers(0, len(cur)))  # x[:, :, None] with `arg` slices before it
+            cur = cur[:arg] + (1,) + cur[arg:]
+        steps.append((kind, arg))
+    return shape, steps
+
+
+def apply_chain(x, steps):
+    """The chain with polyft's functions (eager or traced)."""
+    for kind, arg in steps:
+        x = {"reshape": lambda: x.reshape(arg), "squeeze": lambda: ft.squeeze(x, arg),
+             "unsqueeze": lambda: ft.unsqueeze(x, arg), "permute": lambda: ft.transpose(x, arg),
+             "newaxis": lambda: x[(slice(None),) * arg + (None,)]}[kind]()
+    return x * 2.0
+
+
+def numpy_chain(x, steps):
+    """The same chain with numpy's own functions: the independent reference."""
+    for kind, arg in steps:
+        x = {"reshape": lambda: np.reshape(x, arg), "squeeze": lambda: np.squeeze(x),
+             "unsqueeze": lambda: np.expand_dims(x, arg), "permute": lambda: np.transpose(x, arg),
+             "newaxis": lambda: np.expand_dims(x, arg)}[kind]()
+    return x * 2.0
+
+
+@settings(max_examples=25, deadline=None)
+@given(reshape_chains(), st.integers(0, 2 ** 16))
+def test_property_reshape_chains_compiled_equal_numpy(chain, seed):
+    shape, steps = chain
+    xs = ft.FractalTensor.from_numpy(rand((3,) + shape, seed), 1)
+    expected = np.stack([numpy_chain(x, steps) for x in xs.to_numpy()])
+    np.testing.assert_array_equal(ft.map(lambda x: apply_chain(x, steps), xs).to_numpy(), expected)
+    prog = ft.compile(lambda xs: ft.map(lambda x: apply_chain(x, steps), xs), xs)
+    fresh = ft.FractalTensor.from_numpy(rand((3,) + shape, seed + 1), 1)
+    np.testing.assert_array_equal(prog(fresh).to_numpy(), np.stack([numpy_chain(x, steps) for x in fresh.to_numpy()]))
+
+
+def heads_program(xs, wq):
+    """Attention heads split by reshape and a permute, joined by concat (the README's encoder)."""
+    L, D = xs.element_shape
+    H = 2
+
+    def attend(x):
+        q = (x @ wq).reshape(L, H, D // H).transpose(1, 0, 2)  # [H, L, D/H]
+        heads = [ft.softmax(q[h] @ q[h].T, axis=-1) @ q[h] for h in range(H)]
+        return ft.concat(heads, axis=1) + ft.squeeze(x[None], 0)
+    return xs.map(attend)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_heads_split_by_reshape_compile_and_equal_a_numpy_reference(target):
+    xs, wq = ft.FractalTensor.from_numpy(rand((3, 6, 8), 9), 1), rand((8, 8), 10) / 3
+    prog = ft.compile(heads_program, xs, wq, target=target)
+    fresh = rand((3, 6, 8), 11)
+    q = (fresh.astype(np.float64) @ wq).reshape(3, 6, 2, 4).transpose(0, 2, 1, 3)
+    s = q @ q.transpose(0, 1, 3, 2)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    o = (p / p.sum(-1, keepdims=True)) @ q  # [3, H, L, dh]
+    expected = o.transpose(0, 2, 1, 3).reshape(3, 6, 8) + fresh
+    assert rel_error(prog(ft.FractalTensor.from_numpy(fresh, 1), wq), expected) < 1e-5
+
+
+def test_reshape_errors_name_the_operation_the_shapes_and_the_line():
+    with pytest.raises(ShapeError, match=r"reshape: cannot reshape \[4, 6\] \(24 elements\) into \[5, 5\]"):
+        ft.reshape(X, (5, 5))
+    with pytest.raises(ShapeError, match="squeeze: axis 0 of"):
+        ft.squeeze(X, 0)
+    xs = ft.FractalTensor.from_numpy(rand((2, 4, 6), 12), 1)
+    with pytest.raises(ShapeError, match=r"\[4, 6\] \(24 elements\) into \[5, -1\]") as e:
+        ft.compile(lambda xs: xs.map(lambda x: x.reshape(5, -1)), xs)  # bad-reshape
+    assert e.value.op == "reshape" and "bad-reshape" in str(e.value)
+    with pytest.raises(ShapeError, match="one -1 at most"):
+        ft.reshape(X, (-1, -1))
