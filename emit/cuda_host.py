@@ -19,7 +19,9 @@ bounding box, computed with ISL, each instance guarded by the loop's own bounds.
 loop that cannot join a band (a non-unit stride, no plain upper bound, a tiled loop whose
 bounds name the band's iterators) becomes a sequential loop every block runs, the band
 carried inside it, or where its bounds name the band's iterators runs serially inside the
-instance's block, as do the parallel loops under a sequential loop or guard that names them;
+instance's block, as do the parallel loops under a sequential loop or guard that names them,
+and those of a band that the target keeps in one piece (`together`: a buffer that one
+instance writes and reads stays in its block's shared memory, cuda_target.keep_on_chip);
 the reasons are kept in `PersistentKernel.serial` and written into the kernel as comments.
 
 The host side is one line of Python, `run(launch, *params)`: `launch(0, blocks)` with the
@@ -88,9 +90,11 @@ class PersistentKernel:
     (isl_ast.tileable_loops) runs `tb` iterations per instance; the statements under it are
     called in their batched form."""
 
-    def __init__(self, ast: isl.AstNode, schedule, context: isl.Set, tiles: dict, tb: int, params: list):
+    def __init__(self, ast: isl.AstNode, schedule, context: isl.Set, tiles: dict, tb: int, params: list,
+                 together=None):
         self.parallel, self.tiles, self.tb, self.params = schedule.parallel, tiles, tb, list(params)
         self.schedule, self.context = schedule, context
+        self.together = together  # (depth, nodes) -> why a band must not be split over them, or None
         self.statement = StatementCalls("c")
         self.bands: list = []
         self.instance_bodies: list = []  # per band, the cgen.Block an instance runs (its first lines may be added)
@@ -151,6 +155,10 @@ class PersistentKernel:
         if not has_parallel(node, self.parallel):
             return self._band(band, node, path)
         if t == isl.ast_node_type.block:  # distributed: one band per node
+            why = self.together and self.together(self._depth(band, path), children(node))
+            if why:
+                self.serial.append(why)
+                return self._band(band, node, path, why)
             return cgen.Block([self._mapped(band, c, path) for c in children(node)])
         if t == isl.ast_node_type.mark:
             return self._mapped(band, node.mark_get_node(), path)
@@ -189,7 +197,7 @@ class PersistentKernel:
         inst = cgen.Block(note + [code])
         self.instance_bodies.append(inst)
         called = {c for c, _ in call_loops(body)}
-        depth = 1 + max([level(lp) for lp in band] + path, default=-1)
+        depth = self._depth(band, path)
         if not band:
             self.bands.append(Band([], called, "1", depth))
             return cgen.Block([cgen.If("blockIdx.x == 0", inst), cgen.Statement("ft_grid_sync()")])
@@ -222,6 +230,11 @@ class PersistentKernel:
         tiled = next((d for d, lp in enumerate(band) if loop_key(lp) in self.tiles), None)
         self.bands.append(Band([level(lp) for lp in band], called, self._most(band, path, called), depth, tiled))
         return cgen.Block(head + [loop, cgen.Statement("ft_grid_sync()")])
+
+    @staticmethod
+    def _depth(band, path) -> int:
+        """How many time dims one instance of the band fixes (Band.depth)."""
+        return 1 + max([level(lp) for lp in band] + path, default=-1)
 
     def _tile(self, band):
         """(iterator, count) of the band's tiled loop, as to_cgen takes a tile; None."""

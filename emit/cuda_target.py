@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import cgen
 import islpy as isl
@@ -43,7 +43,7 @@ from .c_family import MACROS, TILE, const_decl, local_batches, prepare, statemen
 from .c_statements import ctype, native_dtype
 from .cuda_host import GRID_BARRIER, PersistentKernel
 from .cuda_statements import PRECISIONS, CudaStatementBody
-from .isl_ast import build_ast
+from .isl_ast import below, build_ast, call_loops, level
 from .protocol import Module, Target
 
 THREADS = 256
@@ -75,6 +75,9 @@ class CudaModule(Module):
     shared_bytes: int  # the dynamic shared memory each block needs: the arena, then local buffers
     threads: int  # per block
     serial: tuple = ()  # why parallel loops run serially inside a block (cuda_host.PersistentKernel)
+    # per local buffer, the band whose instances own it: buffers of two bands are never live at
+    # once (a grid barrier between), so they may share places
+    band_of: dict = field(default_factory=dict)
 
 
 class SharedMemoryError(CompileError):
@@ -119,7 +122,8 @@ class CudaTarget(Target):
         etdg = model.etdg
         ast = build_ast(schedule.map, model.context)
         tiles = tiled_loops(etdg, ast, schedule.parallel, tb) if tb else {}
-        driver = PersistentKernel(ast, schedule, model.context, tiles, tb, list(model.params))
+        driver = PersistentKernel(ast, schedule, model.context, tiles, tb, list(model.params),
+                                  keep_on_chip(etdg, storage, schedule.parallel))
         kernel_of, local = local_candidates(etdg, storage, ast, schedule.parallel, tiles, driver, model)
         wanted = len(local)
         nbytes = {name: local_bytes(storage.buffers[name], w, model.sizes) for name, w in local.items()}
@@ -134,7 +138,11 @@ class CudaTarget(Target):
                     raise SharedMemoryError(f"{st.name} keeps {body.arena.size} bytes of tiles in shared memory "
                                             f"(limit {cuda_arena.SHARED_LIMIT}); use smaller tiles", op="emit")
             body = functools.partial(CudaStatementBody, precision=precision)
-            functions = statement_functions(etdg, namer, buffer_ref, consts, body, "__device__ static void",
+            # not inlined: ptxas allocates registers per statement, not over the whole persistent
+            # kernel (inlined, the dilated RNN's gate GEMMs spilled 864 bytes under 128
+            # registers); a call costs nanoseconds, a statement's tile operations microseconds
+            functions = statement_functions(etdg, namer, buffer_ref, consts, body,
+                                            "__noinline__ __device__ static void",
                                             cgen.Value("const ctx_t* __restrict__", "c"), driver.statement.variants,
                                             fits, tb)
             places, shared = local_places(storage, local, kernel_of, nbytes, arena[0])
@@ -173,7 +181,7 @@ class CudaTarget(Target):
                              + [const_decl(n, v, "__device__ const") for n, v in consts.values()]
                              + [cgen.Line("")] + functions + [cgen.Line(""), kernel])
         return CudaModule(str(module) + "\n", layout, tuple(params), driver.source(), [0], shared, self.threads,
-                          tuple(driver.serial)), wanted
+                          tuple(driver.serial), {name: kernel_of[name] for name in places}), wanted
 
 
 def local_candidates(etdg, storage, ast, parallel: list, tiles: dict, driver: PersistentKernel, model) -> tuple:
@@ -214,6 +222,37 @@ class Instance(Batch):
     band's tiled loop, if any), on which they are less than `width` apart."""
     depth: int = 0
     tiled: int | None = None
+
+
+def keep_on_chip(etdg, storage, parallel: list):
+    """PersistentKernel's `together`: a band is not split over a sequence of nodes when a local
+    buffer is touched in two of them and lives within one instance of the band, unless a
+    sequential loop is among those nodes (a state carried along it, as in the dilated RNN, is
+    worth the parallel loops inside). Kept whole, the instance writes and reads the buffer in
+    one block, which keeps it in shared memory (the stacked LSTM's gates: one GEMM per gate,
+    a block's gates never leave the chip); split, it would go through global memory between
+    two bands."""
+    if storage is None:
+        return None
+    local = {name: s for name, s in storage.buffers.items() if s.placement == "local"}
+    touches = {st.name: {am.buffer.resolve().name for am in st.reads + st.writes} for st in etdg.statements}
+
+    def together(depth, nodes):
+        parts = [{name for name, _ in call_loops(n)} for n in nodes]
+        for name, s in sorted(local.items()):
+            users = [n for n, called in zip(nodes, parts) if any(name in touches[st] for st in called)]
+            if len(users) > 1 and not any(_sequential(n, parallel) for n in users) and owned(s, depth):
+                return f"buffer {name} lives within one instance of the band: its parallel loops run in one " \
+                       "block so that it stays on chip"
+        return None
+    return together
+
+
+def _sequential(node, parallel: list) -> bool:
+    """Whether a loop over a sequential time dim is at or below `node`."""
+    if node.get_type() == isl.ast_node_type.for_ and not parallel[level(node)]:
+        return True
+    return any(_sequential(k, parallel) for k in below(node))
 
 
 def owned(s, depth: int) -> bool:

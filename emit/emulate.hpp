@@ -31,6 +31,7 @@ struct float4 { float x, y, z, w; };
 #define __host__
 #define __shared__ static
 #define __forceinline__ inline
+#define __noinline__
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
 #define __restrict__ __restrict

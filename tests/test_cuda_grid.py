@@ -80,30 +80,31 @@ def _blocks_at(module, lengths: dict):
     return asked[0]
 
 
-# bigbird's tiles do not fit a block at the paper shape (SharedMemoryError, issue 27)
-@pytest.mark.parametrize("name", [n for n in WORKLOADS if n != "bigbird"])
+@pytest.mark.parametrize("name", list(WORKLOADS))
 def test_every_parallel_loop_is_mapped_at_the_paper_shape(name):
-    """No parallel loop runs serially inside a block, and the bands have at least as many
-    instances as an H100 has SMs at the paper's sizes (b2b_gemm's 256 row tiles: one a block,
-    unbatched so that its accumulator stays on chip)."""
+    """No parallel loop runs serially inside a block except to keep a buffer on chip (the
+    gates of the LSTMs' cells), and the bands have at least as many instances as an H100 has
+    SMs at the paper's sizes (b2b_gemm's 256 row tiles: one a block, unbatched so that its
+    accumulator stays on chip)."""
     mod = WORKLOADS[name]
     prog = ft.analyze(mod.program, *mod.specs("paper"))
     gen = CudaTarget().generate(prog.model, prog.schedule, storage=prog.storage)
-    assert gen.serial == ()
-    assert "not mapped" not in gen.source
+    assert all(why.endswith("so that it stays on chip") for why in gen.serial), gen.serial
     assert _blocks_at(gen, PAPER_LENGTHS[name](mod.PRESETS["paper"])) >= H100_SMS
 
 
 def test_inner_parallel_loops_join_the_band():
     """grid_rnn: the wavefront's cells (c4, c5: a triangle whose bounds name c4) are flattened
     with the batch tiles over their bounding box, each instance guarded by the loop's bounds;
-    dilated_rnn: each dilation's parallel chains (c4) join the batch tiles."""
+    dilated_rnn: each dilation's parallel chains (c4) join the batch tiles, in bands inside
+    the sequential loop over a chain's steps (one grid barrier a step)."""
     grid = ft.analyze(WORKLOADS["grid_rnn"].program, *WORKLOADS["grid_rnn"].specs("small"))
     src = CudaTarget().generate(grid.model, grid.schedule, storage=grid.storage).source
     assert re.search(r"const long c5 = .*ft_r % ft_n2", src) and re.search(r"if \(.*c5 <= min\(L1 - 1, c3 - c4\)", src)
     dil = ft.analyze(WORKLOADS["dilated_rnn"].program, *WORKLOADS["dilated_rnn"].specs("small"))
     src = CudaTarget().generate(dil.model, dil.schedule, storage=dil.storage).source
-    assert src.count("const long c4 = ") >= 2 and src.count("ft_grid_sync();") >= 6
+    assert src.count("const long c4 = ") == 2  # the two dilated layers of the small preset
+    assert re.search(r"for \(long c3 = 0; c3 < L / 2; c3 \+= 1\)\s*\{\s*const long ft_n0", src)
 
 
 def test_emulated_grid_defaults_to_a_few_blocks(compiled):
