@@ -24,9 +24,8 @@ TOL = 1e-5
 NAMES = list(WORKLOADS)
 # the workloads that keep buffers in shared memory at the small preset, "auto" schedule (the
 # others: no local buffer, or one whose elements outlive a band's instance: the dilated and
-# grid RNNs' states cross the grid barriers of their sequential loops, the stacked LSTM's
-# gates are written by the band over its gates and read by the next)
-SHARED = ["b2b_gemm", "flash_attention"]
+# grid RNNs' states cross the grid barriers of their sequential loops)
+SHARED = ["stacked_lstm", "b2b_gemm", "flash_attention"]
 # a kernel's line placing a local buffer: ft_own.b<slot> = (T*)(ft_arena + <offset>);  /* <name>: <n> bytes ...
 PLACE = re.compile(r"ft_own\.b(\d+) = \([\w ]+\*\)\(ft_arena \+ (\d+)\);  /\* (\w+): (\d+) bytes")
 
