@@ -166,9 +166,14 @@ class PyCudaBackend(Backend):
         if shared_bytes > most:
             raise DeviceError(f"a block needs {shared_bytes} bytes of shared memory for its tiles; "
                               f"{self.device.name()} allows {most}: use smaller tiles", op="compile")
-        if shared_bytes > 48 * 1024:  # beyond the default, a kernel must opt in
-            for fn in self._kernels:
+        for fn in self._kernels:
+            if shared_bytes > 48 * 1024:  # beyond the default, a kernel must opt in
                 fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes)
+            if hasattr(drv.function_attribute, "PREFERRED_SHARED_MEMORY_CARVEOUT"):
+                # all of the SM's unified L1/shared memory as shared memory: the residency
+                # `_resident` counts on (a smaller carveout would leave blocks of the grid
+                # waiting for an SM while the others spin at the grid barrier)
+                fn.set_attribute(drv.function_attribute.PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
         self._capacity = [self._resident(fn) for fn in self._kernels]
 
     def _resident(self, fn) -> int:

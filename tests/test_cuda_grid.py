@@ -13,6 +13,8 @@ from polyft.emit.runtime_cuda import EmulatedBackend
 from polyft.testing import rel_error
 from polyft.workloads import WORKLOADS
 
+from test_cuda import _has_gpu
+
 pytestmark = pytest.mark.usefixtures("compile_cache")
 
 TOL = 1e-5
@@ -47,6 +49,23 @@ def test_equals_eager_on_any_grid_in_one_launch(name, blocks, compiled):
     assert rel_error(prog(*inputs), mod.program(*inputs)) < TOL
     assert backend.launched == before + 1
     assert prog.host_driver.count("launch(") == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _has_gpu(), reason="needs PyCUDA and a CUDA GPU (scripts/gpu_session.sh)")
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_gpu_persistent_kernel_equals_eager_in_one_launch(name):
+    """On a GPU: one launch per call on every resident block the bands can use (the grid
+    barrier with real concurrency), at a size with more instances than one block runs."""
+    mod = WORKLOADS[name]
+    inputs = mod.inputs("small", seed=80)
+    prog = ft.compile(mod.program, *inputs, target="cuda")
+    backend = prog._run.backend
+    sms = backend.device.get_attribute(backend.drv.device_attribute.MULTIPROCESSOR_COUNT)
+    assert backend.capacity(0) >= sms  # at least a block on every SM
+    for calls in (1, 2):
+        assert rel_error(prog(*inputs), mod.program(*inputs)) < TOL
+        assert backend.launched == calls
 
 
 def _without_grid_barriers(source: str) -> str:
