@@ -55,8 +55,8 @@ def test_equals_eager_on_any_grid_in_one_launch(name, blocks, compiled):
 @pytest.mark.skipif(not _has_gpu(), reason="needs PyCUDA and a CUDA GPU (scripts/gpu_session.sh)")
 @pytest.mark.parametrize("name", list(WORKLOADS))
 def test_gpu_persistent_kernel_equals_eager_in_one_launch(name):
-    """On a GPU: one launch per call on every resident block the bands can use (the grid
-    barrier with real concurrency), at a size with more instances than one block runs."""
+    """On a GPU: one launch per call on as many resident blocks as the bands can use (the
+    grid barrier with real concurrency)."""
     mod = WORKLOADS[name]
     inputs = mod.inputs("small", seed=80)
     prog = ft.compile(mod.program, *inputs, target="cuda")
