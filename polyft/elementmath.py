@@ -129,16 +129,28 @@ def matmul(a, b):
 
 
 def transpose(x, axes=None):
-    """Without axes, swap the last two axes (each 2-D tile of x transposed; numpy's `x.T` for a 2-D
-    x); with axes, numpy's `np.transpose(x, axes)`, which compiled code supports where it only swaps
-    the last two (tracing.permute: a ShapeError otherwise). `x.T` is numpy's: every axis reversed."""
+    """On a tensor: without axes, swap the last two axes (each 2-D tile of x transposed; numpy's
+    `x.T` for a 2-D x); with axes, numpy's `np.transpose(x, axes)`. `x.T` is numpy's: every axis
+    reversed. On a list (a FractalTensor, traced or not): its list dims, not its elements' — without
+    axes the outer two swapped (`[I, J] -> [J, I]`), with axes the outer len(axes) in that order; a
+    view, as the other access operators (no copy)."""
+    if isinstance(x, ListBase):
+        return _permute_lists(x, axes)
     if axes is None:
         return _bind("transpose", (x,), {})
     if isinstance(x, tracing.Value):
         return x.transpose(axes)
-    if isinstance(x, ListBase):
-        return _bind("transpose", (x,), {})  # the depth error
     return np.transpose(x, permutation("transpose", np.shape(x), axes))
+
+
+def _permute_lists(xs, axes):
+    if xs.depth < 2 and axes is None:
+        raise DepthError(f"swaps the two outer list dims of a list of depth >= 2, got {xs!r} (depth {xs.depth}); "
+                         "ft.map(ft.transpose, xs) transposes its elements", op="transpose")
+    perm = (1, 0) if axes is None else permutation("transpose", (0,) * len(tuple(axes)), axes)
+    if len(perm) > xs.depth:
+        raise DepthError(f"axes {list(axes)} name {len(perm)} list dims, but {xs!r} has {xs.depth}", op="transpose")
+    return xs._permute_lists(perm)
 
 
 def reshape(x, shape):

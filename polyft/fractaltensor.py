@@ -111,8 +111,21 @@ class ListBase:
         """`xs[i]` (negative ok): an element; `xs[a:b:s]`: a sub-list with Python's semantics."""
         raise NotImplementedError
 
-    def window(self, size: int, stride: int = 1, padding=0):
-        """Depth +1: `ys[w][j] = xs[w*stride + j - pad_left]`; padded positions read zeros."""
+    def window(self, size: int, stride: int = 1, padding=0, dilation: int = 1):
+        """Depth +1: `ys[w][j] = xs[w*stride + j*dilation - pad_left]`; padded positions read zeros."""
+        raise NotImplementedError
+
+    def flatten(self):
+        """Depth -1, the two outer list dims as one, row-major: `ys[i*J + j] = xss[i][j]`."""
+        raise NotImplementedError
+
+    def split(self, size: int):
+        """Depth +1, chunks of `size` consecutive elements (the inverse of flatten):
+        `ys[a][b] = xs[a*size + b]`; the length must be a multiple of size."""
+        raise NotImplementedError
+
+    def _permute_lists(self, perm: tuple):
+        """The list dims in the order `perm` (`ft.transpose(xss)`: the outer two swapped)."""
         raise NotImplementedError
 
     def gather(self, indices):
@@ -307,17 +320,50 @@ class FractalTensor(ListBase):
             raise IndexRangeError(f"index {i} is out of range for the list {self.type_string}", op="index")
         return self._items[i]
 
-    def window(self, size: int, stride: int = 1, padding=0) -> "FractalTensor":
-        size, stride, left, right = window_args(size, stride, padding)
+    def window(self, size: int, stride: int = 1, padding=0, dilation: int = 1) -> "FractalTensor":
+        size, stride, left, right, dilation = window_args(size, stride, padding, dilation)
+        span = (size - 1) * dilation + 1
         padded_length = len(self._items) + left + right
-        if size > padded_length:
-            raise WindowError(f"a window of size {size} does not fit the list {self.type_string} "
-                              f"padded by ({left}, {right})", op="window")
+        if span > padded_length:
+            raise WindowError(f"a window of size {size}{f' dilated by {dilation}' if dilation > 1 else ''} does "
+                              f"not fit the list {self.type_string} padded by ({left}, {right})", op="window")
         pad = [self._zero_item()] if left or right else []
         padded = pad * left + self._items + pad * right
-        count = (padded_length - size) // stride + 1
-        return self._like([self._like(padded[w * stride: w * stride + size]) for w in range(count)],
+        count = (padded_length - span) // stride + 1
+        return self._like([self._like(padded[w * stride: w * stride + span: dilation]) for w in range(count)],
                           self._depth + 1)
+
+    def flatten(self) -> "FractalTensor":
+        if self._depth < 2:
+            raise DepthError(f"needs a list of depth >= 2, got {self.type_string}", op="flatten")
+        return FractalTensor([item for child in self._items for item in child._items], self._depth - 1,
+                             self._element_shape, self._dtype)
+
+    def split(self, size: int) -> "FractalTensor":
+        size = _as_int(size, "the chunk size", "split")
+        if size < 1 or len(self._items) % size:
+            raise WindowError(f"chunks of {size} do not divide the list {self.type_string}", op="split")
+        return self._like([self._like(self._items[a:a + size]) for a in range(0, len(self._items), size)],
+                          self._depth + 1)
+
+    def _permute_lists(self, perm: tuple) -> "FractalTensor":
+        levels = self._level_lengths()[:len(perm)]
+        if any(len(n) > 1 for n in levels):
+            raise RaggedError(f"the list dims it permutes must be regular, got {self.type_string}", op="transpose")
+        lengths = [min(n, default=0) for n in levels]
+
+        def build(level, at):  # the result's list at result position `at` (its first `level` coordinates)
+            if level == len(perm):
+                src = [0] * len(perm)
+                for k, a in enumerate(perm):
+                    src[a] = at[k]
+                node = self
+                for i in src:
+                    node = node._items[i]
+                return node
+            return self._like([build(level + 1, at + [i]) for i in range(lengths[perm[level]])],
+                              self._depth - level)
+        return build(0, [])
 
     def _zero_item(self):
         """An element of zeros; deeper elements must be regular to know their lengths."""
@@ -380,21 +426,23 @@ def gather_indices(indices, length, list_type: str) -> np.ndarray:
     return idx.astype(np.int64)
 
 
-def window_args(size, stride, padding) -> tuple[int, int, int, int]:
-    """A window's (size, stride, left, right), checked: `padding` is an int (both ends) or a
-    (left, right) pair, each less than the size: more padding only adds windows made entirely
-    of zeros (a padding of 2**40 would add 2**41 of them)."""
+def window_args(size, stride, padding, dilation=1) -> tuple[int, int, int, int, int]:
+    """A window's (size, stride, left, right, dilation), checked: `padding` is an int (both ends)
+    or a (left, right) pair, each less than the window's span `(size - 1) * dilation + 1`: more
+    padding only adds windows made entirely of zeros (a padding of 2**40 would add 2**41 of them)."""
     size = _as_int(size, "the window size", "window")
     stride = _as_int(stride, "the stride", "window")
+    dilation = _as_int(dilation, "the dilation", "window")
     pair = (padding, padding) if np.ndim(padding) == 0 else tuple(padding)
     if len(pair) != 2:
         raise WindowError(f"padding must be an int or a (left, right) pair, got {padding!r}", op="window")
     left, right = (_as_int(p, "the padding", "window") for p in pair)
-    if size < 1 or stride < 1 or not (0 <= left < size and 0 <= right < size):
-        raise WindowError(f"needs size >= 1, stride >= 1 and 0 <= padding < size on each side (more padding only "
-                          f"adds windows of zeros), got size={size}, stride={stride}, padding=({left}, {right})",
-                          op="window")
-    return size, stride, left, right
+    span = (size - 1) * dilation + 1
+    if size < 1 or stride < 1 or dilation < 1 or not (0 <= left < span and 0 <= right < span):
+        raise WindowError(f"needs size >= 1, stride >= 1, dilation >= 1 and 0 <= padding < size on each side (< the "
+                          f"span (size - 1) * dilation + 1 when dilated; more padding only adds windows of zeros), got "
+                          f"size={size}, stride={stride}, padding=({left}, {right}), dilation={dilation}", op="window")
+    return size, stride, left, right, dilation
 
 
 def _nest_depth(node) -> tuple[int, bool]:
@@ -482,8 +530,17 @@ class Zip(ListBase):
         parts = [c[index] for c in self.components]
         return Zip(parts, self.depth - 1) if self.depth > 1 else tuple(parts)
 
-    def window(self, size: int, stride: int = 1, padding=0) -> "Zip":
-        return self._each(self.depth + 1, "window", size, stride, padding)
+    def window(self, size: int, stride: int = 1, padding=0, dilation: int = 1) -> "Zip":
+        return self._each(self.depth + 1, "window", size, stride, padding, dilation)
+
+    def flatten(self) -> "Zip":
+        return self._each(max(self.depth - 1, 1), "flatten")
+
+    def split(self, size: int) -> "Zip":
+        return self._each(self.depth + 1, "split", size)
+
+    def _permute_lists(self, perm: tuple) -> "Zip":
+        return self._each(self.depth, "_permute_lists", perm)
 
     def gather(self, indices) -> "Zip":
         return self._each(self.depth, "gather", indices)

@@ -533,18 +533,19 @@ class FTTracer(ListBase):
         return self._reindex({self.places[0]: Aff.of(start) + Aff.of(q) * step},
                              [length] + self.lengths[1:], [q] + self.places[1:])
 
-    def window(self, size: int, stride: int = 1, padding=0):
-        size, stride, lo, hi = window_args(size, stride, padding)
+    def window(self, size: int, stride: int = 1, padding=0, dilation: int = 1):
+        size, stride, lo, hi, dilation = window_args(size, stride, padding, dilation)
+        span = (size - 1) * dilation + 1
         n = self.lengths[0]
-        if n.is_concrete and size > n.const + lo + hi:
-            raise WindowError(f"window of size {size} is larger than the list of length {n}"
-                              + (f" padded by {lo}+{hi}" if lo or hi else "") + f" ({self.type_string})",
-                              op="window")
+        if n.is_concrete and span > n.const + lo + hi:
+            raise WindowError(f"window of size {size}{f' dilated by {dilation}' if dilation > 1 else ''} is larger "
+                              f"than the list of length {n}" + (f" padded by {lo}+{hi}" if lo or hi else "")
+                              + f" ({self.type_string})", op="window")
         if not n.is_concrete:
-            _state().assume(n + lo + hi - size, f"window({size})")
+            _state().assume(n + lo + hi - span, f"window({size})")
         w, j = self._new_place(), self._new_place()
-        pos = Aff.of(w) * stride + j - lo
-        count = (n + lo + hi - size) // stride + 1
+        pos = Aff.of(w) * stride + Aff.of(j) * dilation - lo
+        count = (n + lo + hi - span) // stride + 1
         env = {self.places[0]: pos}
         lengths = [count, Length.of(size)] + self.lengths[1:]
         places = [w, j] + self.places[1:]
@@ -566,6 +567,35 @@ class FTTracer(ListBase):
         r, j = self._new_place(), self._new_place()
         return self._reindex({self.places[0]: Aff.of(r) + Aff.of(j) * d},
                              [Length.of(d), n // d] + self.lengths[1:], [r, j] + self.places[1:])
+
+    def split(self, size: int):
+        size = int(size)
+        n = self.lengths[0]
+        if size < 1 or (n.is_concrete and n.const % size):
+            raise WindowError(f"chunks of {size} do not divide the list {self.type_string}", op="split")
+        if not n.is_concrete and size > 1:
+            _state().assume(n, f"split({size})", "mod", size)
+        a, b = self._new_place(), self._new_place()
+        return self._reindex({self.places[0]: Aff.of(a) * size + b},
+                             [n // size, Length.of(size)] + self.lengths[1:], [a, b] + self.places[1:])
+
+    def flatten(self):
+        """`ys[t] = xss[t // J][t % J]`: quasi-affine for a concrete inner length J."""
+        if self.depth < 2:
+            raise DepthError(f"flatten needs a list of depth >= 2, got {self.type_string}", op="flatten")
+        inner = self.lengths[1]
+        if not inner.is_concrete:
+            raise AccessError(f"the inner length {inner} is symbolic, and t // {inner} is not quasi-affine; "
+                              f"flatten a list whose inner length is concrete ({self.type_string})", op="flatten")
+        t, J = self._new_place(), max(inner.const, 1)
+        env = {self.places[0]: Aff.of(t).floordiv(J), self.places[1]: Aff.of(t).mod(J)}
+        return self._reindex(env, [self.lengths[0] * inner.const] + self.lengths[2:], [t] + self.places[2:])
+
+    def _permute_lists(self, perm: tuple):
+        """A view: its lengths and placeholders reordered, the pieces unchanged."""
+        k = len(perm)
+        return FTTracer([self.lengths[a] for a in perm] + self.lengths[k:], [self.places[a] for a in perm]
+                        + self.places[k:], self.pieces, self._element_shape, self._dtype)
 
     def strided_merge(self):
         if self.depth < 2:

@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 from scipy.special import logsumexp as scipy_logsumexp
 
 import polyft as ft
-from polyft.errors import ShapeError
+from polyft.errors import AccessError, DepthError, ShapeError, WindowError
 from polyft.testing import rel_error
 
 TARGETS = ["c", "cuda-emulated"]
@@ -226,3 +226,138 @@ def test_reshape_errors_name_the_operation_the_shapes_and_the_line():
     assert e.value.op == "reshape" and "bad-reshape" in str(e.value)
     with pytest.raises(ShapeError, match="one -1 at most"):
         ft.reshape(X, (-1, -1))
+
+
+# -- list reshapes: transpose of list dims, flatten, split, dilated windows ------------------
+@st.composite
+def list_chains(draw):
+    """List lengths (depth 2 or 3) and 1-3 list reshapes valid for them."""
+    lengths = tuple(draw(st.lists(st.integers(1, 4), min_size=2, max_size=3)))
+    steps, cur = [], lengths
+    for _ in range(draw(st.integers(1, 3))):
+        kinds = ["split", "window"] + (["transpose", "flatten"] if len(cur) >= 2 else []) + \
+            (["permute3"] if len(cur) >= 3 else [])
+        kind = draw(st.sampled_from(kinds))
+        if kind == "transpose":
+            arg, cur = None, (cur[1], cur[0]) + cur[2:]
+        elif kind == "permute3":
+            arg = tuple(draw(st.permutations(range(3))))
+            cur = tuple(cur[a] for a in arg) + cur[3:]
+        elif kind == "flatten":
+            arg, cur = None, (cur[0] * cur[1],) + cur[2:]
+        elif kind == "split":
+            arg = draw(st.sampled_from([k for k in range(1, cur[0] + 1) if cur[0] % k == 0]))
+            cur = (cur[0] // arg, arg) + cur[1:]
+        else:
+            size, dilation = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+            span = (size - 1) * dilation + 1
+            pad = draw(st.integers(0, span - 1))
+            if span > cur[0] + 2 * pad:
+                continue
+            stride = draw(st.integers(1, 3))
+            arg = (size, stride, pad, dilation)
+            cur = ((cur[0] + 2 * pad - span) // stride + 1, size) + cur[1:]
+        steps.append((kind, arg))
+        if len(cur) > 4:
+            break
+    return lengths, steps
+
+
+def apply_list_chain(xs, steps):
+    for kind, arg in steps:
+        xs = {"transpose": lambda: ft.transpose(xs), "permute3": lambda: ft.transpose(xs, arg),
+              "flatten": lambda: xs.flatten(), "split": lambda: xs.split(arg),
+              "window": lambda: xs.window(arg[0], arg[1], arg[2], dilation=arg[3])}[kind]()
+    return xs
+
+
+def numpy_list_chain(a, steps):
+    """The same views on a dense array whose leading axes are the list dims."""
+    for kind, arg in steps:
+        if kind == "transpose":
+            a = np.swapaxes(a, 0, 1)
+        elif kind == "permute3":
+            a = np.transpose(a, arg + tuple(range(3, a.ndim)))
+        elif kind == "flatten":
+            a = a.reshape((-1,) + a.shape[2:])
+        elif kind == "split":
+            a = a.reshape((-1, arg) + a.shape[1:])
+        else:
+            size, stride, pad, dilation = arg
+            p = np.concatenate([np.zeros((pad,) + a.shape[1:], a.dtype), a, np.zeros((pad,) + a.shape[1:], a.dtype)])
+            count = (len(p) - (size - 1) * dilation - 1) // stride + 1
+            a = p[np.arange(count)[:, None] * stride + np.arange(size)[None, :] * dilation]
+    return a
+
+
+@settings(max_examples=25, deadline=None)
+@given(list_chains(), st.integers(0, 2 ** 16))
+def test_property_list_reshapes_are_views_equal_to_numpy_eagerly_and_compiled(chain, seed):
+    lengths, steps = chain
+    a = rand(lengths + (2,), seed)
+    xs = ft.FractalTensor.from_numpy(a, len(lengths))
+    expected = numpy_list_chain(a, steps)
+    got = apply_list_chain(xs, steps)
+    np.testing.assert_array_equal(got.to_numpy(), expected)
+    fresh = rand(lengths + (2,), seed + 1)
+    prog = ft.compile(lambda xs: apply_list_chain(xs, steps), xs)
+    np.testing.assert_array_equal(prog(ft.FractalTensor.from_numpy(fresh, len(lengths))).to_numpy(),
+                                  numpy_list_chain(fresh, steps))
+
+
+def blocked_matmul(a, b):
+    """C[i][j] = sum_k A[i][k] @ B[k][j] over tiles: B's tile columns by ft.transpose, no rearranging."""
+    def row(a_row):
+        return ft.transpose(b).map(lambda b_col: ft.zip(a_row, b_col).reduce(
+            lambda s, ab: s + ab[0] @ ab[1], ft.zeros((a.element_shape[0], b.element_shape[1]))))
+    return a.map(row)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_blocked_matmul_over_transposed_tiles_is_one_matmul(target):
+    A, B = rand((3, 4, 8, 4), 20), rand((4, 2, 4, 8), 21)
+    a, b = ft.FractalTensor.from_numpy(A, 2), ft.FractalTensor.from_numpy(B, 2)
+    dense = A.astype(np.float64).transpose(0, 2, 1, 3).reshape(24, 16) @ \
+        B.astype(np.float64).transpose(0, 2, 1, 3).reshape(16, 16)  # the whole matrices
+    expected = dense.reshape(3, 8, 2, 8).transpose(0, 2, 1, 3)
+    assert rel_error(blocked_matmul(a, b), expected) < 1e-5
+    prog = ft.compile(blocked_matmul, a, b, target=target)
+    assert rel_error(prog(a, b), expected) < 1e-5
+    assert {buf.kind for buf in prog.etdg.buffers} <= {"input", "output", "intermediate"}
+    assert not any("transpose" in str(buf) for buf in prog.etdg.buffers)
+
+
+def test_list_views_share_the_elements_eagerly_and_copy_nothing_when_traced():
+    xss = ft.FractalTensor.from_numpy(rand((3, 4, 2), 22), 2)
+    t = ft.transpose(xss)
+    assert all(t[j][i] is xss[i][j] for i in range(3) for j in range(4))
+    assert t.flatten()[5] is xss[2][1] and xss.flatten().split(4)[2][3] is xss[2][3]
+    etdg = ft.trace(lambda xss: ft.transpose(xss).flatten().split(2).window(2, dilation=2).map(
+        lambda ws: ws.map(lambda w: w.map(lambda v: v * 2.0))), xss)
+    assert [b.kind for b in etdg.buffers] == ["input", "output"]  # views only: one statement reads xss
+
+
+def test_list_reshapes_with_symbolic_lengths():
+    """split assumes its size divides N; flatten needs a concrete inner length (t // J, t % J)."""
+    xs = ft.FractalTensor.from_numpy(rand((3, 6, 2), 23), 2)
+    prog = ft.compile(lambda xs: ft.transpose(xs).flatten().split(3).map(lambda y: y.map(lambda v: v + 1.0)),
+                      ft.spec("[3, N]float32[2]"))
+    np.testing.assert_array_equal(prog(xs).to_numpy(), np.swapaxes(xs.to_numpy(), 0, 1).reshape(6, 3, 2) + 1)
+    with pytest.raises(AccessError, match="flatten: the inner length M is symbolic"):
+        ft.trace(lambda xs: xs.flatten(), ft.spec("[3, M]float32[2]"))
+
+
+def test_list_reshape_errors_name_the_operator():
+    xs = ft.FractalTensor.from_numpy(rand((6, 2), 24), 1)
+    with pytest.raises(WindowError, match="split: chunks of 4 do not divide"):
+        xs.split(4)
+    with pytest.raises(WindowError, match="split"):
+        ft.trace(lambda xs: xs.split(4), xs)
+    with pytest.raises(DepthError, match="transpose: swaps the two outer list dims"):
+        ft.transpose(xs)
+    with pytest.raises(WindowError, match="dilated by 3"):
+        xs.window(3, dilation=3)
+    with pytest.raises(WindowError, match="dilated by 3"):
+        ft.trace(lambda xs: xs.window(3, dilation=3), xs)
+    with pytest.raises(WindowError, match="< the span"):
+        xs.window(2, padding=4, dilation=3)
