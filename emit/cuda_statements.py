@@ -67,11 +67,11 @@ class CudaStatementBody(StatementBody):
     Fusions save shared memory and passes: a run of elementwise operations of one shape
     becomes one loop (values used only inside the run stay in registers); `add` of two
     matmuls used nowhere else accumulates the second into the first's tile, and so does a
-    chain of them (a @ b + c @ d + e @ f: one tile); and the GEMMs
-    read their operands where they are (global or shared memory, in K-chunks), so a
-    transpose or a concatenation along K that only matmuls read on the right is never
-    materialised (`folded`): x.T is read as x, coalesced, and a @ concat([x1, x2]) is
-    a[:, :k1] @ x1 + a[:, k1:] @ x2.
+    chain of them (a @ b + c @ d + e @ f: one tile). The GEMMs read their operands where
+    they are (global or shared memory, in K-chunks), so what only matmuls read is never
+    materialised (`folded`): a transpose on the right (x.T is read as x, coalesced), a
+    concatenation along K on the right (a @ concat([x1, x2]) is a[:, :k1] @ x1 + a[:, k1:]
+    @ x2), columns of a tile on the left (s[:, c0:c1] is s from column c0 on).
 
     With a batch (StatementBody's: `_nb` <= TB instances of a parallel loop), tiles that
     depend on it hold TB instances; a matmul of their rows by a shared matrix becomes one
@@ -275,7 +275,7 @@ class CudaStatementBody(StatementBody):
             raise CompileError(f"the CUDA target multiplies float32 tiles only, not {op.dtype} (shapes "
                                f"{[P, K]} @ {[K, Q]}); cast the operands with .astype(np.float32)",
                                op="matmul", where=op.where)
-        rows = a if callable(a) else (lambda k0: f"ft::Rows{{{a} + {k0}, {K}}}")  # noqa: E731
+        rows = a if callable(a) else (lambda k0: f"ft::Rows{{{a} + {k0}, {K}}}")
         into = self.accumulate.get(op)
         if into is None:
             self._decl(op)
@@ -286,10 +286,10 @@ class CudaStatementBody(StatementBody):
         trans = [self._is_folded(x, "transpose") for x in pieces]
         for limits in GEMM_TILES:  # the largest tiles whose stage fits (the last: an error later, if not)
             tiles = [gemm_tiles(P, Q, t, self.precision if tc else "fp32", *limits) for t in trans]
-            nbytes = max(t[-1] for t in tiles)
-            if self.arena.place(nbytes) + nbytes <= SHARED_LIMIT:
+            most = max(t[-1] for t in tiles)
+            if self.arena.place(most) + most <= SHARED_LIMIT:
                 break
-        stage = self.arena.alloc(nbytes, "tmp")  # one, for every piece
+        stage = self.arena.alloc(most, "tmp")  # one, for every piece
         k0 = 0
         for i, (x, t, (BM, BN, BK, nbytes)) in enumerate(zip(pieces, trans, tiles)):
             name, shape, _ = self._operand(x.inputs[0] if t else x)
