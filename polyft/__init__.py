@@ -8,6 +8,7 @@ from .elementmath import (tanh, sigmoid, exp, log, sqrt, relu, maximum, minimum,
                           softmax, concat, zeros, zeros_like, ones, full, matmul, transpose, log1p, softplus,
                           abs, pow, where, logsumexp, reshape, squeeze, unsqueeze)
 from .tracing import trace
+from .autodiff import vjp, grad
 
 __version__ = "0.1.0"
 

@@ -1,0 +1,492 @@
+"""The adjoint of every differentiable operator, written with polyft's own operators.
+
+Element rules (`RULES`) take the output cotangent, the output, the primal operands and the
+attributes, and return one cotangent per operand (None: zero, or a constant operand); they use
+only + - * / @ and polyft's element math, so they compute on numpy and trace alike. Access
+operators' adjoints are the inverse views; compute operators' adjoints (`compute`) are maps of
+the body's vjp and reversed scans (`scanr`) over the states the forward scan saved.
+"""
+from __future__ import annotations
+
+import types
+
+import numpy as np
+
+from . import elementmath as em
+from . import operators, pytree
+from .autodiff import (DifferentiationError, Tape, _Pushed, add, is_ad, primal, recording, scale, wrap,
+                       zeros_like)
+from .fractaltensor import FractalTensor, ListBase, Zip, is_traced, unzip
+from .primitives import getitem_axes, normalize_axis
+
+_FLOATS = ("float16", "float32", "float64")
+
+
+# ---------------------------------------------------------------------------------------
+# Element math
+
+
+def _shape(x) -> tuple:
+    return tuple(x.shape) if is_traced(x) else np.shape(x)
+
+
+def _reshape(x, shape):
+    shape = tuple(shape)
+    if _shape(x) == shape:
+        return x
+    return em.reshape(x, shape) if is_traced(x) else np.reshape(x, shape)
+
+
+def _unbroadcast(g, shape):
+    """g summed over the axes numpy broadcast an operand of `shape` along (None for a Python number)."""
+    if g is None or shape is None:
+        return None
+    gshape = _shape(g)
+    if gshape == tuple(shape):
+        return g
+    lead = len(gshape) - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape) if n == 1 and gshape[lead + i] != 1)
+    return _reshape(em.sum(g, axis=axes, keepdims=True), shape)
+
+
+def _operand_shape(p):
+    return None if isinstance(p, (int, float)) and not isinstance(p, bool) else _shape(p)
+
+
+def _binary(da, db):
+    """A rule for a broadcasting binary operation from its two partial products."""
+    def rule(ct, out, prims, attrs):
+        a, b = prims
+        return [_unbroadcast(da(ct, out, a, b), _operand_shape(a)), _unbroadcast(db(ct, out, a, b), _operand_shape(b))]
+    return rule
+
+
+def _unary(d):
+    return lambda ct, out, prims, attrs: [d(ct, out, prims[0])]
+
+
+def _kept(v, shape, axis, keepdims):
+    """A reduction's result (or its cotangent) with the reduced axes kept as size 1."""
+    if keepdims:
+        return v
+    axes = normalize_axis("sum", shape, axis)
+    return _reshape(v, tuple(1 if i in axes else n for i, n in enumerate(shape)))
+
+
+def _count(shape, axis) -> int:
+    return int(np.prod([shape[a] for a in normalize_axis("mean", shape, axis)]))
+
+
+def _matmul(ct, out, prims, attrs):
+    a, b = prims
+    if len(_shape(a)) < 2 or len(_shape(b)) < 2:
+        raise DifferentiationError("the gradient of a matmul with a 1-D operand is not supported; make it [1, n]",
+                                   op="matmul")
+    return [_unbroadcast(ct @ em.transpose(b), _shape(a)), _unbroadcast(em.transpose(a) @ ct, _shape(b))]
+
+
+def _max(ct, out, prims, attrs):
+    """Split among the maxima (ties share), as torch's amax."""
+    x, shape = prims[0], _shape(prims[0])
+    top = _kept(out, shape, attrs.get("axis"), attrs.get("keepdims", False))
+    hit = em.where(top - x, 0.0, 1.0)
+    hits = em.sum(hit, axis=attrs.get("axis"), keepdims=True)
+    return [hit * _kept(ct, shape, attrs.get("axis"), attrs.get("keepdims", False)) / hits]
+
+
+def _sum(ct, out, prims, attrs):
+    x = prims[0]
+    return [zeros_like(x) + _kept(ct, _shape(x), attrs.get("axis"), attrs.get("keepdims", False))]
+
+
+def _mean(ct, out, prims, attrs):
+    x = prims[0]
+    return [zeros_like(x) + _kept(ct, _shape(x), attrs.get("axis"), attrs.get("keepdims", False))
+            * (1.0 / _count(_shape(x), attrs.get("axis")))]
+
+
+def _softmax(ct, out, prims, attrs):
+    return [out * (ct - em.sum(ct * out, axis=attrs.get("axis", -1), keepdims=True))]
+
+
+def _logsumexp(ct, out, prims, attrs):
+    x, axis, keep = prims[0], attrs.get("axis"), attrs.get("keepdims", False)
+    return [em.exp(x - _kept(out, _shape(x), axis, keep)) * _kept(ct, _shape(x), axis, keep)]
+
+
+def _concat(ct, out, prims, attrs):
+    axis = normalize_axis("concat", _shape(out), attrs.get("axis", 0))[0]
+    cts, start = [], 0
+    for p in prims:
+        n = _shape(p)[axis]
+        cts.append(ct[(slice(None),) * axis + (slice(start, start + n),)])
+        start += n
+    return cts
+
+
+def _getitem(ct, out, prims, attrs):
+    """The slice's cotangent padded back with zeros (ft.concat along each sliced axis)."""
+    x, key = prims[0], attrs["key"]
+    shape = _shape(x)
+    axes = getitem_axes(key, shape)
+    if axes is not None and all(step == 1 for _, step, _ in axes):
+        g = ct
+        for d, (start, _, _) in enumerate(axes):
+            n = _shape(g)[d]
+            if n == shape[d]:
+                continue
+            before = np.zeros(_shape(g)[:d] + (start,) + _shape(g)[d + 1:], np.dtype(str(x.dtype)))
+            after = np.zeros(_shape(g)[:d] + (shape[d] - start - n,) + _shape(g)[d + 1:], np.dtype(str(x.dtype)))
+            g = em.concat(_nonempty((before, g, after), d), axis=d)
+        return [g]
+    if not is_traced(ct):
+        g = np.zeros(shape, np.asarray(x).dtype)
+        np.add.at(g, key, ct)
+        return [g]
+    raise DifferentiationError(f"the gradient of x[{key!r}] (integer or strided indices) is only computed eagerly; "
+                               "slice with start:stop", op="getitem")
+
+
+def _nonempty(parts, d):
+    return tuple(p for p in parts if not isinstance(p, np.ndarray) or p.shape[d])
+
+
+def _pow(ct, out, prims, attrs):
+    x, p = prims
+    if not isinstance(p, (int, float)):
+        raise DifferentiationError("the gradient of x ** p is defined for a constant Python exponent p", op="pow")
+    return [ct * p * x ** (p - 1), None]
+
+
+def _astype(ct, out, prims, attrs):
+    x = prims[0]
+    dtype = str(x.dtype) if is_traced(x) else np.asarray(x).dtype.name
+    return [ct.astype(dtype)]
+
+
+def _where(ct, out, prims, attrs):
+    mask, a, b = prims
+    return [None, _unbroadcast(em.where(mask, ct, 0.0), _operand_shape(a)),
+            _unbroadcast(em.where(mask, 0.0, ct), _operand_shape(b))]
+
+
+RULES = {
+    "add": _binary(lambda ct, o, a, b: ct, lambda ct, o, a, b: ct),
+    "sub": _binary(lambda ct, o, a, b: ct, lambda ct, o, a, b: -ct),
+    "mul": _binary(lambda ct, o, a, b: ct * b, lambda ct, o, a, b: ct * a),
+    "truediv": _binary(lambda ct, o, a, b: ct / b, lambda ct, o, a, b: -ct * o / b),
+    "neg": _unary(lambda ct, o, x: -ct),
+    "matmul": _matmul,
+    "transpose": _unary(lambda ct, o, x: em.transpose(ct)),
+    "copy": _unary(lambda ct, o, x: ct),
+    "astype": _astype,
+    "reshape": _unary(lambda ct, o, x: _reshape(ct, _shape(x))),
+    "getitem": _getitem,
+    "concat": _concat,
+    "tanh": _unary(lambda ct, o, x: ct * (1.0 - o * o)),
+    "sigmoid": _unary(lambda ct, o, x: ct * o * (1.0 - o)),
+    "exp": _unary(lambda ct, o, x: ct * o),
+    "log": _unary(lambda ct, o, x: ct / x),
+    "log1p": _unary(lambda ct, o, x: ct / (1.0 + x)),
+    "sqrt": _unary(lambda ct, o, x: ct * 0.5 / o),
+    "softplus": _unary(lambda ct, o, x: ct * em.sigmoid(x)),
+    "relu": _unary(lambda ct, o, x: em.where(o, ct, 0.0)),
+    "abs": _unary(lambda ct, o, x: em.where(x, ct * x / em.where(x, o, 1.0), 0.0)),
+    "maximum": _binary(lambda ct, o, a, b: em.where(o - b, ct, 0.0), lambda ct, o, a, b: em.where(o - b, 0.0, ct)),
+    "minimum": _binary(lambda ct, o, a, b: em.where(o - b, ct, 0.0), lambda ct, o, a, b: em.where(o - b, 0.0, ct)),
+    "max": _max,
+    "sum": _sum,
+    "mean": _mean,
+    "softmax": _softmax,
+    "logsumexp": _logsumexp,
+    "pow": _pow,
+    "where": _where,
+    "zeros_like": lambda ct, out, prims, attrs: [None],
+}
+
+
+# ---------------------------------------------------------------------------------------
+# Access operators: the inverse views
+
+
+def access(xs, op: str, index):
+    """`xs[index]` on a list being differentiated; its adjoint places the cotangent back."""
+    p = xs.primal
+    tape = recording() or xs.tape
+    result = wrap(p[index], tape)
+    tape.record(op, [xs], [result], lambda cts: [_unview(cts[0], p, index)])
+    return result
+
+
+def _unview(ct, p, index):
+    """The cotangent of list p given ct for `p[index]`: ct.reverse() for a reversal, else ct read back
+    at each position (`ct.gather`) times a 0/1 mask of the positions the view read."""
+    if isinstance(index, slice) and index == slice(None, None, -1):
+        return ct.reverse()
+    length = p.length
+    if not (isinstance(length, int) or getattr(length, "is_concrete", False)):
+        raise DifferentiationError(f"the gradient of xs[{index!r}] needs a concrete length, not {length}",
+                                   op="getitem")
+    n = length if isinstance(length, int) else length.const
+    positions = list(range(n))[index] if isinstance(index, slice) else [range(n)[index]]
+    mask = np.zeros(n, np.dtype(p.dtype))
+    mask[positions] = 1
+    masks = FractalTensor.from_numpy(mask, 1)
+    if not isinstance(index, slice):
+        return operators.map(lambda m: scale(m, ct), masks)
+    if not positions:
+        return zeros_like(p)
+    where = np.zeros(n, np.int64)
+    where[positions] = np.arange(len(positions))
+    return operators.map(lambda m, c: scale(m, c), masks, ct.gather(where))
+
+
+# ---------------------------------------------------------------------------------------
+# Compute operators
+
+
+def _components(xs) -> list:
+    if isinstance(xs, Zip):
+        if xs.depth != 1:
+            raise DifferentiationError("differentiating through ft.product is not supported yet", op="product")
+        return list(xs.components)
+    return [xs]
+
+
+def _regroup(lists, flat):
+    """The elements of `lists` (a zip's as a tuple) from the flat elements of their components."""
+    out, k = [], 0
+    for xs in lists:
+        n = len(_components(xs))
+        out.append(tuple(flat[k:k + n]) if isinstance(xs, Zip) else flat[k])
+        k += n
+    return out
+
+
+def _flatten(elems, lists):
+    return [e for x, xs in zip(elems, lists) for e in (x if isinstance(xs, Zip) else (x,))]
+
+
+def _is_float(p) -> bool:
+    return str(p.dtype) in _FLOATS
+
+
+def _wrap_result(p, tape):
+    return pytree.map(lambda v: wrap(v, tape) if _is_float(v) else v, p)
+
+
+def _run_body(call, args, diff, replay=None):
+    """`call(*stand-ins)` on a fresh tape: args wrapped where `diff`; (tape, stand-ins, result)."""
+    tape = Tape(replay)
+    with _Pushed(tape):
+        ad = [wrap(a, tape) if d else a for a, d in zip(args, diff)]
+        result = unzip(call(*ad))
+    return tape, ad, result
+
+
+def _body_vjp(call, args, diff, saved, cts, plan):
+    """The body's vjp at `args`: (the cotangent of every differentiated arg, zeros for none, and
+    the [stand-in, cotangent] pairs of the values it captured). Compute operators whose result is
+    the body's take it from `saved` (the enclosing operator's saved output) instead of rerunning."""
+    tape, ad, result = _run_body(call, args, diff, (plan, saved))
+    with _Pushed(None):
+        acc = tape.backward(pytree.leaves(result), cts)
+        grads = [_ct_or_zero(acc.pop(id(a), [None, None])[1], a.primal) for a, d in zip(ad, diff) if d]
+        captured = [[obj, ct] for obj, ct in acc.values()]
+    return grads, captured
+
+
+def _ct_or_zero(ct, p):
+    return zeros_like(p) if ct is None else ct
+
+
+def _planned(tape):
+    """This compute operator's place in the replay plan: (saved outputs or None, the body's plan)."""
+    if tape is None:
+        return None, None
+    k = tape.n_compute
+    tape.n_compute += 1
+    if tape.replay is None or k >= len(tape.replay[0]):
+        return None, None
+    (plan, saved), (leafmap, structure, subplan) = tape.replay, tape.replay[0][k]
+    n = _n_leaves(structure)
+    if len(leafmap) == n:
+        return pytree.unflatten(structure, [saved[leafmap[j]] for j in range(n)]), subplan
+    return None, subplan
+
+
+def _n_leaves(structure) -> int:
+    return 1 if structure is None else sum(_n_leaves(s) for s in structure)
+
+
+def _frozen(f, memo=None):
+    """f with the values its closure holds now: the backward runs a body again after the enclosing
+    function may have rebound a captured name (`h = o * tanh(c)` after a map that read h)."""
+    memo = {} if memo is None else memo
+    if not isinstance(f, types.FunctionType) or not f.__closure__:
+        return f
+    if id(f) not in memo:
+        memo[id(f)] = f
+        cells = []
+        for cell in f.__closure__:
+            try:
+                value = cell.cell_contents
+            except ValueError:  # not assigned yet (a recursive inner function)
+                cells.append(cell)
+                continue
+            cells.append(types.CellType(_frozen(value, memo)))
+        g = types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, tuple(cells))
+        g.__kwdefaults__ = f.__kwdefaults__
+        memo[id(f)] = g
+    return memo[id(f)]
+
+
+def compute(op: str, f, lists: tuple, init):
+    """A compute operator while differentiating: its primal computed by polyft, its adjoint recorded."""
+    f = _frozen(f)
+    if op in ("scanr", "foldr"):  # x ⊕ state over the reversed list is scanl/foldl of the swapped f
+        out = compute(op.replace("r", "l", 1) if op == "scanr" else "foldl", lambda s, x: f(x, s),
+                      tuple(xs.reverse() for xs in lists), init)
+        return pytree.map(lambda v: v.reverse(), out) if op == "scanr" else out
+    if op == "map":
+        return _map(f, lists)
+    if op == "reduce":
+        op = "foldl"
+    if init is None and op == "foldl":
+        return compute("foldl", f, (lists[0][1:],), lists[0][0])
+    if init is None:
+        raise DifferentiationError(f"differentiating {op} without init is not supported; give the initial state",
+                                   op=op)
+    if op == "map":
+        return _map(f, lists)
+    return _scan(f, lists[0], init, fold=op == "foldl")
+
+
+def _map(f, lists):
+    tape = recording()
+    flat = [c for xs in lists for c in _components(xs)]
+    diff = [is_ad(c) for c in flat]
+    plan_box = []
+
+    def call(*a):
+        return f(*_regroup(lists, a))
+
+    def body(*elems):
+        t, _, result = _run_body(call, _flatten(elems, lists), diff)
+        plan_box[:] = [t.plan_for(result)]
+        return primal(result)
+
+    saved, plan = _planned(tape)
+    if saved is None:
+        with _Pushed(None):
+            saved = operators.map(body, *[primal(xs) for xs in lists])
+        plan = plan_box[0] if plan_box else []
+    out = _wrap_result(saved, tape)
+    out_leaves, saved_leaves = pytree.leaves(out), pytree.leaves(saved)
+
+    def backward(couts):
+        present = [j for j, c in enumerate(couts) if c is not None]
+        captured_box = []
+
+        def body_bwd(*es):
+            nf, no = len(flat), len(saved_leaves)
+            cts = [None] * no
+            for j, c in zip(present, es[nf + no:]):
+                cts[j] = c
+            grads, captured = _body_vjp(call, es[:nf], diff, list(es[nf:nf + no]), cts, plan)
+            captured_box[:] = [[obj for obj, _ in captured]]
+            return tuple(grads) + tuple(ct for _, ct in captured)
+
+        with _Pushed(None):
+            res = operators.map(body_bwd, *[primal(c) for c in flat], *saved_leaves, *[couts[j] for j in present])
+            res = res if isinstance(res, tuple) else (res,)
+            n_diff = sum(diff)
+            pairs = list(zip([c for c, d in zip(flat, diff) if d], res[:n_diff]))
+            pairs += [(obj, operators.reduce(add, lst)) for obj, lst in zip(captured_box[0], res[n_diff:])]
+        return pairs
+
+    tape.record_compute("map", out_leaves, backward, (plan, pytree.structure(saved)))
+    return out
+
+
+def _scan(f, xs, init, fold: bool):
+    """scanl (fold: foldl) with init. The forward also keeps each step's previous state (the carry
+    `(new, old)`), which the backward reads: a scanr over the steps carrying the state's cotangent,
+    then a map of the step's vjp for the elements' and the captured values' cotangents."""
+    tape = recording()
+    comps = _components(xs)
+    xdiff = [is_ad(c) for c in comps]
+    init_leaves = pytree.leaves(init)
+    state_structure = pytree.structure(init)
+    ns = len(init_leaves)
+    init_p = pytree.map(lambda v: primal(v), init)
+    for v in pytree.leaves(init_p):
+        if isinstance(v, (int, float)):
+            raise DifferentiationError("the initial state must be a tensor (ft.zeros(shape)), not a Python number",
+                                       op="scanl")
+    plan_box = []
+
+    def call(*a):
+        return f(pytree.unflatten(state_structure, a[:ns]), _regroup((xs,), a[ns:])[0])
+
+    def body(carry, x):
+        s, _ = carry
+        t, _, result = _run_body(call, [*pytree.leaves(s), *_flatten((x,), (xs,))], [True] * ns + xdiff)
+        plan_box[:] = [t.plan_for(result)]
+        return primal(result), s
+
+    _, plan = _planned(tape)
+    with _Pushed(None):
+        states, prevs = operators.scanl(body, primal(xs), (init_p, init_p))
+        out_p = pytree.map(lambda v: v[-1], states) if fold else states
+    plan = plan_box[0] if plan_box else (plan or [])
+    out = _wrap_result(out_p, tape)
+    s_leaves, p_leaves = pytree.leaves(states), pytree.leaves(prevs)
+    comps_p = [primal(c) for c in comps]
+    diff = [True] * ns + xdiff
+
+    def step_vjp(x, prev, saved, ct):
+        return _body_vjp(call, [*prev, *x], diff, list(saved), ct, plan)
+
+    def backward(couts):
+        cts = [None] * ns if fold else list(couts)
+        final = [_ct_or_zero(c, v) for c, v in zip(couts if fold else [None] * ns, pytree.leaves(init_p))]
+        present = [j for j, c in enumerate(cts) if c is not None]
+        nc = len(comps)
+
+        def split(e):
+            x, prev, saved = e[:nc], e[nc:nc + ns], e[nc + ns:nc + 2 * ns]
+            ct = [None] * ns
+            for j, c in zip(present, e[nc + 2 * ns:nc + 2 * ns + len(present)]):
+                ct[j] = c
+            return x, prev, saved, ct, e[nc + 2 * ns + len(present):]
+
+        def carry_step(e, carry):
+            g, _ = carry
+            x, prev, saved, ct, _ = split(e)
+            total = [add(a, b) for a, b in zip(g, ct)]
+            grads, _ = step_vjp(x, prev, saved, total)
+            return tuple(grads[:ns]), tuple(g)
+
+        captured_box = []
+
+        def element_step(*e):
+            x, prev, saved, ct, g_in = split(e)
+            grads, captured = step_vjp(x, prev, saved, [add(a, b) for a, b in zip(g_in, ct)])
+            captured_box[:] = [[obj for obj, _ in captured]]
+            return tuple(grads[ns:]) + tuple(c for _, c in captured)
+
+        steps = [*comps_p, *p_leaves, *s_leaves, *[cts[j] for j in present]]
+        with _Pushed(None):
+            g_prev, g_in = operators.scanr(carry_step, Zip(steps), (tuple(final), tuple(final)))
+            pairs = [(v, g[0]) for v, g in zip(init_leaves, g_prev) if is_ad(v)]
+            res = operators.map(element_step, *steps, *g_in)
+            res = res if isinstance(res, tuple) else (res,)
+            n_diff = sum(xdiff)
+            pairs += list(zip([c for c, d in zip(comps, xdiff) if d], res[:n_diff]))
+            pairs += [(obj, operators.reduce(add, lst)) for obj, lst in zip(captured_box[0], res[n_diff:])]
+        return pairs
+
+    tape.record_compute("scan", pytree.leaves(out), backward, (plan, pytree.structure(out_p)))
+    return out
+
