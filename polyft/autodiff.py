@@ -187,11 +187,12 @@ def zeros_like(p):
     return np.zeros_like(np.asarray(p))
 
 
-def check_float(p, what: str, op: str) -> None:
-    """Differentiation is defined on float data only: an integer value is a DifferentiationError."""
+def check_float(p, what, op: str) -> None:
+    """Differentiation is defined on float data only: an integer value is a DifferentiationError
+    (`what()` names the value)."""
     dtype = str(p.dtype) if hasattr(p, "dtype") else np.asarray(p).dtype.name
     if dtype not in _FLOATS:
-        raise DifferentiationError(f"{what} has the integer dtype {dtype}: only float values have gradients", op=op)
+        raise DifferentiationError(f"{what()} has the integer dtype {dtype}: only float values have gradients", op=op)
 
 
 # ---------------------------------------------------------------------------------------
@@ -305,7 +306,7 @@ def bind(name: str, args, attrs: dict):
     tape = recording() or args[[is_ad(a) for a in args].index(True)].tape
     for a, p in zip(args, prims):
         if is_ad(a):
-            check_float(p, f"the operand {describe(p)}", name)
+            check_float(p, lambda: f"the operand {describe(p)}", name)
     result = ADValue(out, tape)
     tape.record(name, live, [result], lambda cts: rule(cts[0], out, prims, attrs))
     return result
@@ -314,7 +315,9 @@ def bind(name: str, args, attrs: dict):
 def describe(p) -> str:
     if isinstance(p, ListBase):
         return f"the list {p!r}"
-    return f"{getattr(p, 'dtype', np.asarray(p).dtype)}{list(np.shape(p)) if not is_traced(p) else list(p.shape)}"
+    if is_traced(p):
+        return f"{p.dtype}{list(p.shape)}"
+    return f"{np.asarray(p).dtype}{list(np.shape(p))}"
 
 
 class ADList(ListBase):
@@ -395,7 +398,7 @@ def _wrap_input(x, tape, k):
     if isinstance(x, (ListBase, np.ndarray, np.generic)) or is_traced(x):
         if not isinstance(x, ListBase):
             x = x if is_traced(x) else np.asarray(x)
-        check_float(x, f"input {k} ({describe(x)})", "vjp")
+        check_float(x, lambda: f"input {k} ({describe(x)})", "vjp")
         return wrap(x, tape)
     raise DifferentiationError(f"input {k} is a Python {type(x).__name__}; differentiate with respect to "
                                "FractalTensors or numpy arrays (close over other arguments)", op="vjp")
@@ -414,7 +417,7 @@ def vjp(fn, *inputs):
         if not is_ad(leaf):
             raise DifferentiationError(f"the function returned {describe(leaf)}, which does not depend on the inputs "
                                        "being differentiated", op="vjp")
-        check_float(leaf.primal, f"the output {describe(leaf.primal)}", "vjp")
+        check_float(leaf.primal, lambda: f"the output {describe(leaf.primal)}", "vjp")
     outputs = pytree.unflatten(pytree.structure(result), [o.primal for o in out_leaves])
 
     def pullback(*cotangents):

@@ -49,8 +49,13 @@ def _unbroadcast(g, shape):
     return _reshape(em.sum(g, axis=axes, keepdims=True), shape)
 
 
+def _is_number(p) -> bool:
+    """A Python number operand (a constant: no cotangent); numpy's 0-d values are tensors."""
+    return isinstance(p, (int, float)) and not isinstance(p, (bool, np.generic))
+
+
 def _operand_shape(p):
-    return None if isinstance(p, (int, float)) and not isinstance(p, bool) else _shape(p)
+    return None if _is_number(p) else _shape(p)
 
 
 def _binary(da, db):
@@ -153,7 +158,7 @@ def _nonempty(parts, d):
 
 def _pow(ct, out, prims, attrs):
     x, p = prims
-    if not isinstance(p, (int, float)):
+    if not _is_number(p):
         raise DifferentiationError("the gradient of x ** p is defined for a constant Python exponent p", op="pow")
     return [ct * p * x ** (p - 1), None]
 
@@ -421,7 +426,7 @@ def _scan(f, xs, init, fold: bool):
     ns = len(init_leaves)
     init_p = pytree.map(lambda v: primal(v), init)
     for v in pytree.leaves(init_p):
-        if isinstance(v, (int, float)):
+        if _is_number(v):
             raise DifferentiationError("the initial state must be a tensor (ft.zeros(shape)), not a Python number",
                                        op="scanl")
     plan_box = []

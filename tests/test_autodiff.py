@@ -72,3 +72,121 @@ def test_stacked_rnn_and_lstm_equal_torch(workload, reference):
     assert len(grads) == len(inputs)
     for g, e in zip(grads, expected):
         assert rel_error(g, e) < 1e-4
+
+
+def rnn_case(N=2, D=3, L=4, H=8, seed=1):
+    """The stacked RNN's inputs, its pullback and a random cotangent."""
+    xss, ws = stacked_rnn.inputs("small", seed=seed, N=N, D=D, L=L, H=H)
+    out, pullback = ft.vjp(stacked_rnn.program, xss, ws)
+    rng = np.random.default_rng(seed + 1)
+    ct = ft.FractalTensor.from_numpy(rng.standard_normal(out.to_numpy().shape).astype(np.float32), 3)
+    return xss, ws, pullback, ct
+
+
+@pytest.mark.parametrize("target", ["c", "cuda-emulated"])
+def test_compiled_pullback_equals_eager(target):
+    """The pullback is a program: compiled (the forward's results as its constants) it computes
+    the eager gradients."""
+    _, _, pullback, ct = rnn_case(D=2, L=3)
+    expected = pullback(ct)
+    got = ft.compile(pullback, ct, target=target)(ct)
+    for g, e in zip(got, expected):
+        assert rel_error(g, e) < 1e-5
+
+
+def test_compiled_forward_and_backward_program():
+    """vjp inside a program: forward and backward traced into one ETDG, compiled to C, equal to eager."""
+    xss, ws, _, ct = rnn_case(D=3, L=4)
+
+    def backward(xss, ws, ct):
+        _, pullback = ft.vjp(stacked_rnn.program, xss, ws)
+        return pullback(ct)
+
+    expected = backward(xss, ws, ct)
+    got = ft.compile(backward, xss, ws, ct, target="c")(xss, ws, ct)
+    for g, e in zip(got, expected):
+        assert rel_error(g, e) < 1e-5
+
+
+def test_backward_schedule_is_a_wavefront():
+    """Under "auto" the backward runs in as many steps as its critical path, which grows with L + D
+    (a wavefront), not with the D * L steps of the layers' scans run one after another."""
+    steps = {}
+    for D, L in ((2, 4), (4, 4), (2, 8)):
+        _, _, pullback, ct = rnn_case(N=1, D=D, L=L, H=4)
+        sched = ft.analyze(pullback, ct).schedule
+        assert sched.sequential_steps == sched.critical_path
+        steps[D, L] = sched.sequential_steps
+    per_layer = (steps[4, 4] - steps[2, 4]) / 2
+    per_step = (steps[2, 8] - steps[2, 4]) / 4
+    assert steps[4, 4] < 4 * 4 * 2  # not layer after layer
+    assert per_layer <= 2 and per_step <= 3  # linear in L and D
+
+
+def central_differences(fn, arrays, k, eps=1e-6):
+    """d sum(fn(...)) / d arrays[k], by central differences in float64."""
+    base = [a.copy() for a in arrays]
+    grad = np.zeros_like(base[k])
+    for idx in np.ndindex(base[k].shape):
+        vals = []
+        for sign in (1, -1):
+            moved = [a.copy() for a in base]
+            moved[k][idx] += sign * eps
+            vals.append(fn(*moved))
+        grad[idx] = (vals[0] - vals[1]) / (2 * eps)
+    return grad
+
+
+def mixed_program(xss, w):
+    """map, scanl with a captured weight, reduce, foldr, zip, shift, reverse, slices and element math."""
+    def row(xs):
+        hs = xs.scanl(lambda s, x: ft.tanh(x @ w + s), np.zeros((1, 3)))
+        ys = ft.map(lambda a, b: ft.sigmoid(a) * b, hs.shift(1), xs.reverse()[:-1])
+        peak = ys.reduce(lambda m, y: ft.maximum(m, y), np.full((1, 3), -5.0))
+        back = ys.foldr(lambda y, s: ft.softmax(y + s, axis=-1) * y + 0.5 * s, np.zeros((1, 3)))
+        return ft.sum(peak * back) + ft.mean(ft.exp(hs[0] * 0.5)) + ft.sum(ft.concat((hs[1], hs[2]), axis=1)[:, 1:4])
+    return xss.map(row)
+
+
+def test_mixed_operators_equal_finite_differences():
+    rng = np.random.default_rng(7)
+    x, w = rng.standard_normal((2, 5, 1, 3)), rng.standard_normal((3, 3)) * 0.5
+
+    def loss(x, w):
+        return float(mixed_program(ft.FractalTensor.from_numpy(x, 2), w).to_numpy().sum())
+
+    gx, gw = ft.vjp(mixed_program, ft.FractalTensor.from_numpy(x, 2), w)[1](
+        ft.FractalTensor.from_numpy(np.ones((2,)), 1))
+    assert rel_error(gx, central_differences(loss, [x, w], 0)) < 1e-6
+    assert rel_error(gw, central_differences(loss, [x, w], 1)) < 1e-6
+
+
+def test_grad_of_a_scalar_loss():
+    """ft.grad: one gradient per argnum, equal to the vjp with a cotangent of 1."""
+    rng = np.random.default_rng(2)
+    x, w = rng.standard_normal((3, 4, 1, 3)), rng.standard_normal((3, 3))
+
+    def loss(xss, w):
+        return xss.map(lambda xs: xs.foldl(lambda s, x: s + ft.sum(ft.tanh(x @ w)), np.zeros(()))) \
+                  .reduce(lambda a, b: a + b, np.zeros(()))
+
+    xss = ft.FractalTensor.from_numpy(x, 2)
+    gw = ft.grad(loss, argnums=1)(xss, w)
+    gx, gw2 = ft.grad(loss, argnums=(0, 1))(xss, w)
+    expected = torch_grads(lambda X, W: torch.tanh(X @ W).sum(), [x, w])
+    assert rel_error(gw, expected[1]) < 1e-10 and rel_error(gw2, expected[1]) < 1e-10
+    assert rel_error(gx, expected[0]) < 1e-10
+
+
+def test_errors_name_the_operator_and_line():
+    xss = ft.FractalTensor.from_numpy(np.ones((2, 3, 1, 2)), 2)
+    with pytest.raises(DifferentiationError, match="grad needs a function with one scalar output") as e:
+        ft.grad(lambda xss: xss.map(lambda xs: xs.reduce(lambda a, b: a + b)))(xss)
+    assert e.value.op == "grad"
+    with pytest.raises(DifferentiationError, match="integer dtype") as e:
+        ft.vjp(lambda x: x.astype("int32"), np.ones((2, 2)))
+    with pytest.raises(DifferentiationError, match="window") as e:
+        ft.vjp(lambda xss: xss.map(lambda xs: xs.window(2)), xss)
+    assert e.value.op == "window" and "test_autodiff.py" in e.value.where
+    with pytest.raises(DifferentiationError, match="input 0 is a Python int"):
+        ft.vjp(lambda x: x, 3)
