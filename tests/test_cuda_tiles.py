@@ -9,6 +9,7 @@ from helpers import flist, rand, spec
 from polyft.emit.cuda_statements import GEMM_TILES, PRECISIONS, TOLERANCE, gemm_tiles
 from polyft.testing import rel_error
 from polyft.workloads import WORKLOADS
+import test_emulator
 from test_emulator import run_kernel
 
 pytestmark = pytest.mark.usefixtures("compile_cache")
@@ -44,6 +45,14 @@ def test_left_operand_of_two_matmuls_unbatched():
 
 
 # -- the GEMMs of the tile library on hand-written kernels --------------------------------
+@pytest.fixture(params=[64, 256])
+def threads(request, monkeypatch):
+    """Blocks of the emulated target's 64 threads and of the GPU's 256: the GEMMs map their
+    micro-tiles and warps onto FT_THREADS."""
+    monkeypatch.setattr(test_emulator, "THREADS", request.param)
+    return request.param
+
+
 def _gemm(precision, P, K, Q, acc, trans, out, a, b, limits=GEMM_TILES[0]) -> str:
     """One call of ft::gemm_f32 / ft::gemm_tc with the tiles and stage the target would give."""
     BM, BN, BK, nbytes = gemm_tiles(P, Q, trans, precision, *limits)
@@ -74,7 +83,7 @@ def _products(precision, P, K, Q, seed, lda=None, offset=0, limits=GEMM_TILES[0]
 @pytest.mark.parametrize("limits", [GEMM_TILES[0], GEMM_TILES[-1]])  # the largest and smallest tiles
 @pytest.mark.parametrize("P, K, Q, lda, offset", [
     (1, 8, 8, 8, 0), (5, 7, 300, 7, 0), (33, 16, 3, 19, 3), (64, 32, 64, 32, 0), (130, 37, 129, 40, 2)])
-def test_gemm_f32_with_tails_transposed_and_accumulating(P, K, Q, lda, offset, limits):
+def test_gemm_f32_with_tails_transposed_and_accumulating(P, K, Q, lda, offset, limits, threads):
     """Shapes that are not multiples of the tiles (P, Q past 128: several block tiles; K not a
     multiple of the 16-deep chunks; rows not 16-byte aligned: 4-byte copies)."""
     a, b, c0, out, acc = _products("fp32", P, K, Q, P * K * Q, lda, offset, limits)
@@ -84,7 +93,7 @@ def test_gemm_f32_with_tails_transposed_and_accumulating(P, K, Q, lda, offset, l
 
 
 @pytest.mark.parametrize("nb", [4, 2, 0])
-def test_gemm_reads_a_batch_of_instances_rows(nb):
+def test_gemm_reads_a_batch_of_instances_rows(nb, threads):
     """ft::Batch: 4 instances' 3 x 10 tiles (from column 2 of 12-wide rows, in scattered
     places) as one 12-row operand, zeros for the instances past nb."""
     rng = np.random.default_rng(nb)
@@ -117,7 +126,7 @@ ROUNDING = {"fp16": lambda x: x.astype(np.float16).astype(np.float32), "bf16": _
 @pytest.mark.parametrize("limits", [GEMM_TILES[0], GEMM_TILES[-1]])  # two fragments' k a chunk, and one
 @pytest.mark.parametrize("precision", list(ROUNDING))
 @pytest.mark.parametrize("P, K, Q", [(16, 16, 16), (32, 40, 144), (144, 24, 32)])
-def test_gemm_on_tensor_cores_rounds_operands_and_accumulates_in_float(precision, P, K, Q, limits):
+def test_gemm_on_tensor_cores_rounds_operands_and_accumulates_in_float(precision, P, K, Q, limits, threads):
     """The operands rounded to the precision (numpy's float16, bf16 and tf32 by integer
     arithmetic), products summed in float32: K not a multiple of the chunk (zeros past it),
     P or Q past 128 (several block tiles), b read as given and as x.T."""
