@@ -155,7 +155,7 @@ def piece_kind(index, buffer, dims) -> str:
 def _used_dims(index) -> set:
     out = set()
     for ix in index:
-        out |= ix.pos.dims if isinstance(ix, Gather) else ix.dims
+        out |= ix.dims
     return out
 
 

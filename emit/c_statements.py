@@ -864,8 +864,10 @@ class StatementBody:
         self.lines.append(node)
 
     def _index(self, ix) -> str:
-        return aff_c(ix, self._dim, self.param,
-                     lambda g: f"((long){self.buffer_ref(g.index, [aff_c(g.pos, self._dim, self.param, None)])}[0])")
+        def gather(g):  # the id read from the index buffer (a runtime gather's: at its outer coordinates too)
+            at = [aff_c(a, self._dim, self.param, None) for a in (*g.lead, g.pos)]
+            return f"((long){self.buffer_ref(g.index, at)}[0])"
+        return aff_c(ix, self._dim, self.param, gather)
 
     def _op_store(self, op):
         x, s, _ = self._operand(op.inputs[0])

@@ -61,6 +61,28 @@ class Assumption:
         return f"{self.expr - c} >= {-c}" if c and (self.expr.terms or self.expr.floors) else f"{self.expr} >= 0"
 
 
+@dataclass(frozen=True)
+class IndexCheck:
+    """A gather by ids given at call time (`table.gather(ids)`): the model reads the whole gathered
+    dim (a may-read), so every id of the input `ids` must lie in [0, bound); checked on each call
+    before native code runs."""
+
+    ids: str  # the input holding the ids
+    bound: Length  # the gathered list's length
+    what: str  # the gathered list's type, for the message
+    where: str | None = None  # the user's line
+
+    def check(self, ids: np.ndarray, params: dict, error) -> None:
+        """Raise `error` (an InputError class) naming the first id out of range and the bound."""
+        bound = self.bound.evaluate(params)
+        bad = np.flatnonzero((ids < 0) | (ids >= bound)) if ids.size else []
+        if len(bad):
+            k = np.unravel_index(bad[0], ids.shape)
+            raise error(f"index {self.ids}[{', '.join(map(str, k))}] = {ids[k]} is outside [0, {bound}) of the list "
+                        f"{self.what} it gathers from ({len(bad)} ids out of range); nothing ran",
+                        op="gather", where=self.where)
+
+
 # ---------------------------------------------------------------------------------------
 # Buffer nodes and access maps
 
@@ -98,21 +120,28 @@ class Buffer:
 
 
 class Gather:
-    """An indirect index: `index_buffer[pos]`; modelled as a may-access over the whole dim."""
+    """An indirect index: `index_buffer[*lead, pos]`; modelled as a may-access over the whole dim.
+    `lead`: the index buffer's outer coordinates, for ids given at call time as a deeper list
+    (`idss.map(lambda ids: table.gather(ids))` reads `idss[i, pos]`)."""
 
-    def __init__(self, pos: Aff, index: Buffer):
+    def __init__(self, pos: Aff, index: Buffer, lead: tuple = ()):
         self.pos = Aff.of(pos)
         self.index = index
+        self.lead = tuple(lead)
+
+    def map(self, fn) -> "Gather":
+        """The gather with `fn` applied to each of its index expressions."""
+        return Gather(fn(self.pos), self.index, tuple(fn(a) for a in self.lead))
 
     def substitute(self, env):
-        return Gather(self.pos.substitute(env), self.index)
+        return self.map(lambda a: a.substitute(env))
 
     @property
     def dims(self):
-        return self.pos.dims
+        return set().union(self.pos.dims, *(a.dims for a in self.lead))
 
     def __str__(self):
-        return f"{self.index.name}[{self.pos}]"
+        return f"{self.index.name}[{', '.join(str(a) for a in (*self.lead, self.pos))}]"
 
     __repr__ = __str__
 

@@ -376,6 +376,11 @@ class FractalTensor(ListBase):
         return FractalTensor.zeros(lengths[1:], self._element_shape, self._dtype)
 
     def gather(self, indices) -> "FractalTensor":
+        if isinstance(indices, FractalTensor):  # ids as a list (given at call time when compiled)
+            if indices.depth != 1 or indices.element_shape:
+                raise DepthError(f"gather ids as a list must be [L] integer scalars, got {indices.type_string}",
+                                 op="gather")
+            indices = indices.to_numpy()
         idx = gather_indices(indices, len(self._items), self.type_string)
         return self._like([self._items[i] for i in idx.tolist()])
 

@@ -66,7 +66,7 @@ def instances(etdg: ETDG, params: dict):
 
 def _index(ix, env, params, storage):
     if isinstance(ix, Gather):
-        return int(storage[ix.index.resolve()][ix.pos.evaluate(env, params)])
+        return int(storage[ix.index.resolve()][tuple(a.evaluate(env, params) for a in (*ix.lead, ix.pos))])
     return ix.evaluate(env, params)
 
 

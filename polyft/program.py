@@ -254,6 +254,8 @@ class CompiledProgram(Program):
             if arr.dtype != np.dtype(buf.dtype):
                 raise InputError(f"input {name} should be {buf.dtype}, got {arr.dtype}", op="call")
             storage[buf] = np.ascontiguousarray(arr, dtype=native_dtype(buf.dtype))
+        for check in getattr(self.traced, "index_checks", ()):  # ids given now, for a gather
+            check.check(storage[dict(self.etdg.inputs)[check.ids]], params, InputError)
         for b in self.layout.buffers:
             if b not in storage:
                 if b.kind in ("const", "index"):

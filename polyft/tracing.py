@@ -25,8 +25,8 @@ from . import errors, pytree
 from .affine import Aff, Constraint, IterDim, Length, eq, ge
 from .errors import (AccessError, DepthError, EmptyReduceError, IndexRangeError, InPlaceError, LengthMismatchError,
                      RaggedError, ReturnTypeError, StateTypeError, TracerControlFlowError, WindowError)
-from .etdg import (ETDG, Assumption, BlockNode, Buffer, Captured, Gather, OpNode, Piece, digest, drop_dead_ops,
-                   merge_perfect_nests, referenced, walk)
+from .etdg import (ETDG, Assumption, BlockNode, Buffer, Captured, Gather, IndexCheck, OpNode, Piece, digest,
+                   drop_dead_ops, merge_perfect_nests, referenced, walk)
 from .fractaltensor import (FractalTensor, ListBase, Zip, describe_operand, gather_indices, unzip,
                            window_args)
 from .primitives import PRIMITIVES, newaxis_shape, permutation, reshaped
@@ -615,6 +615,8 @@ class FTTracer(ListBase):
         return self._reindex(env, [merged] + self.lengths[2:], [t] + self.places[2:])
 
     def gather(self, indices):
+        if isinstance(indices, FTTracer):
+            return self._runtime_gather(indices)
         _state().capture(indices)
         n = self.lengths[0]
         idx = gather_indices(indices, n, self.type_string)
@@ -633,6 +635,34 @@ class FTTracer(ListBase):
         return FTTracer([Length.of(idx.size)] + self.lengths[1:], [q] + self.places[1:], pieces,
                         self._element_shape, self._dtype)
 
+    def _runtime_gather(self, ids: "FTTracer") -> "FTTracer":
+        """`ys[q] = self[ids[q]]` with ids an input list read when the program runs: the coordinate
+        reading this list's dim becomes a Gather of the ids buffer (a may-read of the whole dim in
+        the model), and each call checks the ids against the length first (etdg.IndexCheck)."""
+        if ids.depth != 1 or ids.element_shape or not np.issubdtype(np.dtype(ids.dtype), np.integer):
+            raise AccessError(f"runtime gather ids must be a list of integer scalars ([L]int64[]), got "
+                              f"{ids.type_string}", op="gather")
+        (ipc,) = ids.pieces if len(ids.pieces) == 1 else (None,)
+        buf = ipc.buffer.resolve() if ipc is not None and ipc.buffer is not None else None
+        if buf is None or buf.kind != "input" or ipc.conds or \
+                not all(isinstance(ix, Aff) for ix in ipc.index) or not _is_place(ipc.index[-1], ids.places[0]) or \
+                any(ids.places[0] in ix.dims for ix in ipc.index[:-1]):
+            raise AccessError(f"runtime gather ids must be a program input (or its elements inside a map), read as "
+                              f"they are, not the view {ids.type_string} of {buf.name if buf else 'a computed list'}",
+                              op="gather")
+        place, q = self.places[0], self._new_place()
+        pieces = []
+        for pc in self.pieces:
+            if any(place in c.expr.dims for c in pc.conds) or \
+                    any(place in ix.dims and not _is_place(ix, place) for ix in pc.index):
+                raise AccessError(f"runtime gather of a view that reads its list other than as it is ({pc}); "
+                                  "gather from the list itself, then apply the view", op="gather")
+            index = tuple(Gather(Aff.of(q), buf, ipc.index[:-1]) if place in ix.dims else ix for ix in pc.index)
+            pieces.append(Piece(pc.conds, pc.buffer, index, pc.const))
+        _state().index_checks.append(IndexCheck(buf.name, self.lengths[0], self.type_string, errors.user_location()))
+        return FTTracer([ids.lengths[0]] + self.lengths[1:], [q] + self.places[1:], pieces,
+                        self._element_shape, self._dtype)
+
     def _repeat(self, n, inner: bool):
         q = self._new_place()
         n = Length.of(n)
@@ -640,6 +670,12 @@ class FTTracer(ListBase):
             return FTTracer([self.lengths[0], n] + self.lengths[1:], [self.places[0], q] + self.places[1:],
                             self.pieces, self._element_shape, self._dtype)
         return FTTracer([n] + self.lengths, [q] + self.places, self.pieces, self._element_shape, self._dtype)
+
+
+def _is_place(ix, place) -> bool:
+    """Whether the index expression is the placeholder itself (`place`, not `2 * place + 1`)."""
+    return isinstance(ix, Aff) and ix.terms == {place: 1} and not ix.divs and ix.offset.is_concrete \
+        and ix.offset.const == 0
 
 
 def _substitute_gather(pc: Piece, place, q, idx, index_buffer) -> Piece:
@@ -1040,6 +1076,7 @@ def trace(fn, *args) -> ETDG:
         etdg = ETDG(fn_name, st.root, inputs, outputs, res, buffers)
         etdg.assumptions = list(dict.fromkeys(st.assumptions))  # in order, without repeats
         etdg.captured = list(st.captured.values())
+        etdg.index_checks = list(dict.fromkeys(st.index_checks))
         return etdg
     finally:
         _TRACING.state = None

@@ -70,7 +70,7 @@ def parse_type(text: str) -> FTType:
         if not lengths:
             raise SpecError(f"a FractalTensor type needs at least one programmable length: {text!r}", op="spec")
     static = []
-    for tok in m.group("static").split(","):
+    for tok in m.group("static").split(",") if m.group("static").strip() else ():  # `int64[]`: scalars
         tok = tok.strip()
         if not tok.isdigit():
             raise SpecError(f"static dims must be integers, got {tok!r} in {text!r}", op="spec")

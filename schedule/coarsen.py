@@ -113,7 +113,7 @@ def _floor(x: Aff, d: int) -> Aff:
 def simplify(a):
     """An equal Aff with floors simplified and equal floor terms collected (Gathers too)."""
     if isinstance(a, Gather):
-        return Gather(simplify(a.pos), a.index)
+        return a.map(simplify)
     base = Aff(a.terms, a.offset)
     acc, order = {}, []
     for c, inner, d in a.divs:

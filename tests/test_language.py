@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 from scipy.special import logsumexp as scipy_logsumexp
 
 import polyft as ft
-from polyft.errors import AccessError, DepthError, ShapeError, WindowError
+from polyft.errors import AccessError, DepthError, IndexRangeError, InputError, ShapeError, WindowError
 from polyft.testing import rel_error
 
 TARGETS = ["c", "cuda-emulated"]
@@ -361,3 +361,71 @@ def test_list_reshape_errors_name_the_operator():
         ft.trace(lambda xs: xs.window(3, dilation=3), xs)
     with pytest.raises(WindowError, match="< the span"):
         xs.window(2, padding=4, dilation=3)
+
+
+# -- runtime gather: ids given at call time ------------------------------------------------
+def embed(table, idss):
+    """An embedding lookup by token ids known only at call time, then a layer on each row."""
+    return idss.map(lambda ids: table.gather(ids).map(lambda e: ft.tanh(e * 2.0)))
+
+
+def ids_of(shape, bound, seed, dtype=np.int64):
+    return ft.FractalTensor.from_numpy(np.random.default_rng(seed).integers(0, bound, shape).astype(dtype),
+                                       len(shape))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_embedding_lookup_by_call_time_ids_equals_numpy_indexing(target):
+    table = ft.FractalTensor.from_numpy(rand((11, 1, 4), 30), 1)
+    prog = ft.compile(embed, ft.spec("[V]float32[1, 4]"), ft.spec("[N, L]int64[]"), target=target)
+    for seed, (n, length) in ((31, (3, 5)), (32, (2, 7))):  # fresh ids, other lengths, one program
+        idss = ids_of((n, length), 11, seed)
+        expected = np.tanh(2.0 * table.to_numpy().astype(np.float64)[idss.to_numpy()])
+        assert rel_error(embed(table, idss), expected) < 1e-6
+        assert rel_error(prog(table, idss), expected) < 1e-6
+
+
+def test_runtime_gather_is_a_may_read_of_the_whole_dim_and_int32_ids_work():
+    table = ft.FractalTensor.from_numpy(rand((6, 2), 33), 1)
+    ids = ids_of((9,), 6, 34, np.int32)
+    prog = ft.compile(lambda table, ids: table.gather(ids).map(lambda e: e + 1.0), table, ids)
+    np.testing.assert_array_equal(prog(table, ids).to_numpy(), table.to_numpy()[ids.to_numpy()] + 1)
+    reads = str(prog.model.reads)
+    assert "table[" in reads and "0 <= g0 <= 5" in reads.replace("g0 < 6", "g0 <= 5")  # every row may be read
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("bad", [11, -1, 2 ** 40])
+def test_out_of_range_ids_are_an_input_error_before_native_code_runs(target, bad, monkeypatch):
+    table = ft.FractalTensor.from_numpy(rand((11, 1, 4), 35), 1)
+    prog = ft.compile(embed, table, ids_of((3, 5), 11, 36), target=target)
+    ids = ids_of((3, 5), 11, 37).to_numpy()
+    ids[2, 1] = bad
+    monkeypatch.setattr(prog, "_run", lambda *args: pytest.fail("native code ran"))
+    with pytest.raises(InputError) as e:
+        prog(table, ft.FractalTensor.from_numpy(ids, 2))
+    assert e.value.op == "gather" and f"idss[2, 1] = {bad}" in str(e.value) and "[0, 11)" in str(e.value)
+    assert "table.gather(ids)" in str(e.value)  # the user's line of the gather
+    with pytest.raises(IndexRangeError, match="gather"):  # eagerly: the gather's own check
+        embed(table, ft.FractalTensor.from_numpy(ids, 2))
+
+
+def test_runtime_gather_ids_that_are_not_an_input_are_refused_at_tracing():
+    table = ft.FractalTensor.from_numpy(rand((6, 2), 38), 1)
+    ids = ids_of((4,), 6, 39)
+    with pytest.raises(AccessError, match="gather: runtime gather ids must be a program input"):
+        ft.trace(lambda table, ids: table.gather(ids.reverse()), table, ids)
+    with pytest.raises(AccessError, match="integer scalars"):
+        ft.trace(lambda table, xs: table.gather(xs), table, table)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_runtime_gather_from_a_computed_list_waits_for_all_of_it(target):
+    """The may-read of the whole dim orders the gather after every write of the table it reads."""
+    table = ft.FractalTensor.from_numpy(rand((7, 1, 4), 40), 1)
+
+    def f(table, ids):
+        return table.map(lambda e: e * 3.0).gather(ids).map(lambda e: e + 1.0)
+    ids = ids_of((9,), 7, 41)
+    prog = ft.compile(f, table, ids, target=target)
+    assert rel_error(prog(table, ids), 3.0 * table.to_numpy()[ids.to_numpy()] + 1.0) < 1e-6
