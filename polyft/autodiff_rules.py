@@ -414,84 +414,112 @@ def _map(f, lists):
     return out
 
 
+def _captured(f, out=None, seen=None) -> list:
+    """The stand-ins a body function holds in its closure (through the functions, tuples and zips
+    it captures): the values from enclosing bodies whose cotangents its backward hands out."""
+    out, seen = ([], set()) if out is None else (out, seen)
+    if id(f) in seen:
+        return out
+    seen.add(id(f))
+    if is_ad(f):
+        out.append(f)
+    elif isinstance(f, types.FunctionType):
+        for cell in f.__closure__ or ():
+            try:
+                _captured(cell.cell_contents, out, seen)
+            except ValueError:  # an unassigned cell
+                continue
+    elif isinstance(f, (tuple, list)):
+        for v in f:
+            _captured(v, out, seen)
+    elif isinstance(f, Zip):
+        _captured(f.components, out, seen)
+    return out
+
+
+def _known_zero(p) -> bool:
+    """Whether the primal p is zeros known before the program runs (eager data or a traced constant)."""
+    if isinstance(p, FractalTensor):
+        return not p.to_numpy().any()
+    const = getattr(p, "const", None) if is_traced(p) else p
+    return const is not None and not isinstance(p, ListBase) and not np.asarray(const).any()
+
+
 def _scan(f, xs, init, fold: bool):
-    """scanl (fold: foldl) with init. The forward also keeps each step's previous state (the carry
-    `(new, old)`), which the backward reads: a scanr over the steps carrying the state's cotangent,
-    then a map of the step's vjp for the elements' and the captured values' cotangents."""
+    """scanl (fold: foldl) with init; its backward is one reversed scan over the steps. The scanr's
+    state is the cotangent flowing into the previous state, the step's element cotangents and the
+    running sum of the captured values' cotangents; each step reads the saved states around it
+    (`states.window(2, padding=(1, 0))`: the previous one, the init at step 0), so nothing of the
+    forward is recomputed and the backward of a stack of scans is a reversed wavefront."""
     tape = recording()
     comps = _components(xs)
     xdiff = [is_ad(c) for c in comps]
     init_leaves = pytree.leaves(init)
     state_structure = pytree.structure(init)
     ns = len(init_leaves)
-    init_p = pytree.map(lambda v: primal(v), init)
-    for v in pytree.leaves(init_p):
+    init_p = [primal(v) for v in init_leaves]
+    for v in init_p:
         if _is_number(v):
             raise DifferentiationError("the initial state must be a tensor (ft.zeros(shape)), not a Python number",
                                        op="scanl")
+    captured = _captured(f)
     plan_box = []
 
     def call(*a):
         return f(pytree.unflatten(state_structure, a[:ns]), _regroup((xs,), a[ns:])[0])
 
-    def body(carry, x):
-        s, _ = carry
+    def body(s, x):
         t, _, result = _run_body(call, [*pytree.leaves(s), *_flatten((x,), (xs,))], [True] * ns + xdiff)
         plan_box[:] = [t.plan_for(result)]
-        return primal(result), s
+        return primal(result)
 
-    _, plan = _planned(tape)
+    states, plan = _planned(tape)
+    if states is None or fold:
+        with _Pushed(None):
+            states = operators.scanl(body, primal(xs), pytree.unflatten(state_structure, init_p))
+        plan = plan_box[0] if plan_box else (plan or [])
     with _Pushed(None):
-        states, prevs = operators.scanl(body, primal(xs), (init_p, init_p))
         out_p = pytree.map(lambda v: v[-1], states) if fold else states
-    plan = plan_box[0] if plan_box else (plan or [])
     out = _wrap_result(out_p, tape)
-    s_leaves, p_leaves = pytree.leaves(states), pytree.leaves(prevs)
+    s_leaves = pytree.leaves(states)
     comps_p = [primal(c) for c in comps]
-    diff = [True] * ns + xdiff
-
-    def step_vjp(x, prev, saved, ct):
-        return _body_vjp(call, [*prev, *x], diff, list(saved), ct, plan)
+    nc, nx = len(comps), sum(xdiff)
+    at_init = [not _known_zero(v) for v in init_p]  # leaves whose step-0 previous state is not the window's zero
 
     def backward(couts):
         cts = [None] * ns if fold else list(couts)
-        final = [_ct_or_zero(c, v) for c, v in zip(couts if fold else [None] * ns, pytree.leaves(init_p))]
+        final = [_ct_or_zero(c, v) for c, v in zip(couts if fold else [None] * ns, init_p)]
         present = [j for j, c in enumerate(cts) if c is not None]
-        nc = len(comps)
 
-        def split(e):
-            x, prev, saved = e[:nc], e[nc:nc + ns], e[nc + ns:nc + 2 * ns]
-            ct = [None] * ns
-            for j, c in zip(present, e[nc + 2 * ns:nc + 2 * ns + len(present)]):
-                ct[j] = c
-            return x, prev, saved, ct, e[nc + 2 * ns + len(present):]
+        def step(e, carry):  # carry: the flat tuple (state cotangents, element cotangents, captured sums)
+            g, acc = carry[:ns], carry[ns + nx:]
+            x, windows = e[:nc], e[nc:nc + ns]
+            firsts, ct_e = (e[nc + ns], e[nc + ns + 1:]) if any(at_init) else (None, e[nc + ns:])
+            prev = [add(w[0], scale(1.0 - firsts[0], v)) if need else w[0]
+                    for w, v, need in zip(windows, init_p, at_init)]
+            total = list(g)
+            for j, c in zip(present, ct_e):
+                total[j] = add(total[j], c)
+            grads, caps = _body_vjp(call, [*prev, *x], [True] * ns + xdiff, [w[1] for w in windows], total, plan)
+            got = {id(obj): ct for obj, ct in caps}
+            stray = [obj for obj, _ in caps if not any(obj is c for c in captured)]
+            if stray:
+                raise DifferentiationError(f"the step function reads {stray[0]!r} other than through its closure; "
+                                           "pass it in the scanned list or the state", op="scanl")
+            return (*grads, *[add(a, got.get(id(c))) for a, c in zip(acc, captured)])
 
-        def carry_step(e, carry):
-            g, _ = carry
-            x, prev, saved, ct, _ = split(e)
-            total = [add(a, b) for a, b in zip(g, ct)]
-            grads, _ = step_vjp(x, prev, saved, total)
-            return tuple(grads[:ns]), tuple(g)
-
-        captured_box = []
-
-        def element_step(*e):
-            x, prev, saved, ct, g_in = split(e)
-            grads, captured = step_vjp(x, prev, saved, [add(a, b) for a, b in zip(g_in, ct)])
-            captured_box[:] = [[obj for obj, _ in captured]]
-            return tuple(grads[ns:]) + tuple(c for _, c in captured)
-
-        steps = [*comps_p, *p_leaves, *s_leaves, *[cts[j] for j in present]]
         with _Pushed(None):
-            g_prev, g_in = operators.scanr(carry_step, Zip(steps), (tuple(final), tuple(final)))
+            windows = [v.window(2, 1, (1, 0)) for v in s_leaves]
+            firsts = [operators.map(lambda _: np.ones((), np.dtype(str(comps_p[0].dtype))), comps_p[0])
+                      .window(2, 1, (1, 0))] if any(at_init) else []
+            carry0 = (*final, *[zeros_like(c[0]) for c, d in zip(comps_p, xdiff) if d],
+                      *[zeros_like(c.primal) for c in captured])
+            res = operators.scanr(step, Zip([*comps_p, *windows, *firsts, *[cts[j] for j in present]]), carry0)
+            g_prev, g_xs, g_caps = res[:ns], res[ns:ns + nx], res[ns + nx:]
             pairs = [(v, g[0]) for v, g in zip(init_leaves, g_prev) if is_ad(v)]
-            res = operators.map(element_step, *steps, *g_in)
-            res = res if isinstance(res, tuple) else (res,)
-            n_diff = sum(xdiff)
-            pairs += list(zip([c for c, d in zip(comps, xdiff) if d], res[:n_diff]))
-            pairs += [(obj, operators.reduce(add, lst)) for obj, lst in zip(captured_box[0], res[n_diff:])]
+            pairs += list(zip([c for c, d in zip(comps, xdiff) if d], g_xs))
+            pairs += [(c, g[0]) for c, g in zip(captured, g_caps)]
         return pairs
 
     tape.record_compute("scan", pytree.leaves(out), backward, (plan, pytree.structure(out_p)))
     return out
-
