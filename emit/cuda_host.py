@@ -10,7 +10,9 @@ the band is carried inward: over a block of nodes it is distributed (one band pe
 a sequential loop or a guard whose bounds do not name the band's iterators it is interchanged
 outward (the loop runs in every block, the band inside it). Both are legal because a parallel
 loop carries no dependence: only the order of instances with the same band iterators matters,
-and that order is kept. A band ends in a grid-wide barrier (`ft_grid_sync`), so the next band,
+and that order is kept. Nodes that a parallel time dim tells apart (the layers of a hyperplane
+step, each its own statement) share one band instead: the instances of each follow the
+previous node's in the flat index, and one barrier ends them all. A band ends in a grid-wide barrier (`ft_grid_sync`), so the next band,
 or the next step of a sequential loop, sees everything it wrote; a statement outside every
 parallel loop runs in block 0, then the barrier.
 
@@ -112,6 +114,9 @@ class PersistentKernel:
     def _uniform(self, node, path):
         t = node.get_type()
         if t == isl.ast_node_type.block:
+            parts = self._concurrent([], children(node), path)
+            if parts:  # one band over the nodes' instances at once
+                return self._bands(parts, path)
             return cgen.Block([self._uniform(c, path) for c in children(node)])
         if t == isl.ast_node_type.mark:
             return self._uniform(node.mark_get_node(), path)
@@ -152,6 +157,10 @@ class PersistentKernel:
                 return self._loop(node, path, lambda n, p: self._mapped(band, n, p))
             self.serial.append(f"{why}: it runs serially")
             return self._band(band, node, path, why)
+        if t == isl.ast_node_type.block:
+            parts = self._concurrent(band, children(node), path)
+            if parts:  # one band over the nodes' instances at once
+                return self._bands(parts, path)
         if not has_parallel(node, self.parallel):
             return self._band(band, node, path)
         if t == isl.ast_node_type.block:  # distributed: one band per node
@@ -191,45 +200,125 @@ class PersistentKernel:
     def _band(self, band: list, body, path, why=None):
         """The grid-stride loop over the band's instances running `body`, then the grid
         barrier; with no band (a subtree without parallel loops), block 0 runs it."""
-        code = to_cgen(body, [False] * len(self.parallel), self.statement, lambda loop, info: loop,
-                       tiles=self.tiles, tile=self._tile(band))
-        note = [cgen.Comment(why)] if why else []
-        inst = cgen.Block(note + [code])
-        self.instance_bodies.append(inst)
-        called = {c for c, _ in call_loops(body)}
-        depth = self._depth(band, path)
-        if not band:
-            self.bands.append(Band([], called, "1", depth))
-            return cgen.Block([cgen.If("blockIdx.x == 0", inst), cgen.Statement("ft_grid_sync()")])
+        return self._bands([(band, body, [], why)], path)
+
+    def _bands(self, parts: list, path):
+        """One grid-stride loop over the instances of several bands that may run at once
+        (parts: (band, body, uniform guards, why)), one after the other in the flat index,
+        then the grid barrier."""
+        head, runs, mosts = [], [], []
+        for k, (band, body, conds, why) in enumerate(parts):
+            code = to_cgen(body, [False] * len(self.parallel), self.statement, lambda loop, info: loop,
+                           tiles=self.tiles, tile=self._tile(band))
+            inst = cgen.Block(([cgen.Comment(why)] if why else []) + [code])
+            self.instance_bodies.append(inst)
+            called = {c for c, _ in call_loops(body)}
+            counts, decode, guards = self._flatten(band, path, called, k)
+            head += counts
+            total = " * ".join(f"ft_n{k}_{d}" for d in range(len(band))) or "1"
+            if conds:
+                total = f"({' && '.join(conds)}) ? {total} : 0"
+            head.append(cgen.Line(f"const long ft_t{k} = {total};"))
+            runs.append(decode + [cgen.If(" && ".join(f"({g})" for g in guards), inst) if guards else inst])
+            mosts.append(self._most(band, path, called) if band else "1")
+            tiled = next((d for d, lp in enumerate(band) if loop_key(lp) in self.tiles), None)
+            self.bands.append(Band([level(lp) for lp in band], called, None, self._depth(band, path), tiled))
+        most = None if None in mosts else " + ".join(mosts)
+        for b in self.bands[-len(parts):]:  # they run at once: the blocks they use add up
+            b.most = most
+        chain = cgen.Block(runs[-1])
+        for k in reversed(range(len(parts) - 1)):
+            chain = cgen.Block([cgen.If(f"ft_r < ft_t{k}", cgen.Block(runs[k]),
+                                        cgen.Block([cgen.Line(f"ft_r -= ft_t{k};")] + chain.contents))])
+        total = " + ".join(f"ft_t{k}" for k in range(len(parts)))
+        loop = cgen.For("long ft_f = blockIdx.x", f"ft_f < {total}", "ft_f += gridDim.x",
+                        cgen.Block([cgen.Line("long ft_r = ft_f;")] + chain.contents))
+        return cgen.Block(head + [loop, cgen.Statement("ft_grid_sync()")])
+
+    def _flatten(self, band, path, called, k) -> tuple:
+        """(count lines, decode lines, guards) of part k's band: its instance `ft_r` (less than
+        the product of its counts `ft_n<k>_<d>`) as the band's iterators, the innermost
+        varying fastest; a dim whose bounds name another of the band's over its bounding box,
+        with the loop's bounds as a guard; a tiled dim by tiles, with its count `<it>_n`."""
         mine = {lp.for_get_iterator().get_id().get_name() for lp in band}
-        head, decode, guards = [], [], []
+        counts, decode, guards = [], [], []
         for d, lp in enumerate(band):
             it = lp.for_get_iterator().get_id().get_name()
             init, cond = lp.for_get_init(), lp.for_get_cond()
             hi, inclusive = upper_bound(lp)
-            if (mine - {it}) & names(f"{init.to_C_str()} {cond.to_C_str()}"):  # over its bounding box, guarded
+            if (mine - {it}) & names(f"{init.to_C_str()} {cond.to_C_str()}"):
                 lo_c, hi_c = self._box(band, path, called, d)
                 guards.append(f"{init.to_C_str()} <= {it} && {cond.to_C_str()}")
                 trips = f"({hi_c}) - ({lo_c}) + 1"
             else:
                 lo_c = init.to_C_str()
                 trips = f"({hi.to_C_str()}) - ({lo_c}){' + 1' if inclusive else ''}"
+            n = f"ft_n{k}_{d}"
             tiled = loop_key(lp) in self.tiles
-            count = f"(max(0L, {trips}) + {self.tb - 1}) / {self.tb}" if tiled else f"max(0L, {trips})"
-            head.append(cgen.Line(f"const long ft_n{d} = {count};"))
-            step = f" * {self.tb}" if tiled else ""
-            lines = [cgen.Line(f"const long {it} = ({lo_c}) + (ft_r % ft_n{d}){step}; ft_r /= ft_n{d};")]
+            counts.append(cgen.Line(f"const long {n} = "
+                                    + (f"(max(0L, {trips}) + {self.tb - 1}) / {self.tb};" if tiled else f"max(0L, {trips});")))
+            lines = [cgen.Line(f"const long {it} = ({lo_c}) + (ft_r % {n}){f' * {self.tb}' if tiled else ''}; "
+                               f"ft_r /= {n};")]
             if tiled:
                 lines.append(cgen.Line(f"const long {it}_n = min({self.tb}L, ({hi.to_C_str()}) - {it}"
                                        f"{' + 1' if inclusive else ''});"))
-            decode.insert(0, lines)  # the innermost dim varies fastest
-        total = " * ".join(f"ft_n{d}" for d in range(len(band)))
-        run = cgen.If(" && ".join(f"({g})" for g in guards), inst) if guards else inst
-        loop = cgen.For("long ft_f = blockIdx.x", f"ft_f < {total}", "ft_f += gridDim.x",
-                        cgen.Block([cgen.Line("long ft_r = ft_f;")] + [ln for lines in decode for ln in lines] + [run]))
-        tiled = next((d for d, lp in enumerate(band) if loop_key(lp) in self.tiles), None)
-        self.bands.append(Band([level(lp) for lp in band], called, self._most(band, path, called), depth, tiled))
-        return cgen.Block(head + [loop, cgen.Statement("ft_grid_sync()")])
+            decode[:0] = lines
+        return counts, decode, guards
+
+    def _concurrent(self, band: list, nodes: list, path) -> list | None:
+        """The parts (as `_bands` takes them) running `nodes`, each under `band`, at once, or
+        None: the nodes' statement instances must agree on every time dim before one where
+        each node's are one constant, a different one per node, and that dim must be
+        parallel (no dependence between them); each node's own parallel loops join its part,
+        its uniform guards count its instances, and nothing left in it is parallel."""
+        if len(nodes) < 2 or not self._independent(band, nodes, path):
+            return None
+        parts = []
+        for node in nodes:
+            b, conds = band, []
+            while True:
+                mine = {lp.for_get_iterator().get_id().get_name() for lp in b}
+                t = node.get_type()
+                if t == isl.ast_node_type.mark:
+                    node = node.mark_get_node()
+                elif t == isl.ast_node_type.if_ and not node.if_has_else_node() and \
+                        not mine & names(node.if_get_cond().to_C_str()):
+                    conds.append(f"({node.if_get_cond().to_C_str()})")
+                    node = node.if_get_then_node()
+                elif t == isl.ast_node_type.for_ and self.parallel[level(node)] and self._unmappable(b, node) is None:
+                    b, node = b + [node], node.for_get_body()
+                else:
+                    break
+            if has_parallel(node, self.parallel):
+                return None
+            parts.append((b, node, conds, None))
+        return parts
+
+    def _independent(self, band, nodes, path) -> bool:
+        """Whether `nodes` (inside the loops of `band` and `path`) are told apart by a parallel
+        time dim of constants (`_concurrent`)."""
+        around = set(path) | {level(lp) for lp in band}
+        times = []
+        for node in nodes:
+            t = None
+            for name in {c for c, _ in call_loops(node)}:
+                r = self.schedule.per_statement[name].range()
+                t = r if t is None else t.union(r)
+            if t is None:
+                return False
+            times.append(t.coalesce())
+        for d in range(times[0].dim(isl.dim_type.set)):
+            if d in around:
+                continue
+            values = []
+            for t in times:
+                lo, hi = t.dim_min_val(d), t.dim_max_val(d)
+                if not (lo.is_int() and hi.is_int() and lo.eq(hi)):
+                    return False
+                values.append(lo.to_python())
+            if len(set(values)) > 1:
+                return self.parallel[d] and len(set(values)) == len(values)
+        return False
 
     @staticmethod
     def _depth(band, path) -> int:

@@ -119,11 +119,26 @@ def test_inner_parallel_loops_join_the_band():
     the sequential loop over a chain's steps (one grid barrier a step)."""
     grid = ft.analyze(WORKLOADS["grid_rnn"].program, *WORKLOADS["grid_rnn"].specs("small"))
     src = CudaTarget().generate(grid.model, grid.schedule, storage=grid.storage).source
-    assert re.search(r"const long c5 = .*ft_r % ft_n2", src) and re.search(r"if \(.*c5 <= min\(L1 - 1, c3 - c4\)", src)
+    assert re.search(r"const long c5 = .*ft_r % ft_n0_2", src) and re.search(r"if \(.*c5 <= min\(L1 - 1, c3 - c4\)", src)
     dil = ft.analyze(WORKLOADS["dilated_rnn"].program, *WORKLOADS["dilated_rnn"].specs("small"))
     src = CudaTarget().generate(dil.model, dil.schedule, storage=dil.storage).source
     assert src.count("const long c4 = ") == 2  # the two dilated layers of the small preset
-    assert re.search(r"for \(long c3 = 0; c3 < L / 2; c3 \+= 1\)\s*\{\s*const long ft_n0", src)
+    assert re.search(r"for \(long c3 = 0; c3 < L / 2; c3 \+= 1\)\s*\{\s*const long ft_n0_0", src)
+
+
+@pytest.mark.parametrize("blocks", [1, 2, 3])
+def test_independent_statements_share_one_band(blocks):
+    """dilated_rnn traced from arrays: its schedule runs every layer at each step (a
+    hyperplane over the layers), the layers' statements told apart by a parallel time dim:
+    they form one band (instances of each layer's statement one after the other in the flat
+    index, one grid barrier) instead of a band and a barrier each; equal to eager."""
+    mod = WORKLOADS["dilated_rnn"]
+    inputs = mod.inputs("small", seed=72)
+    prog = ft.compile(mod.program, *inputs, target="cuda-emulated")
+    kernel = prog.source.split('extern "C" __global__')[1]
+    assert kernel.count("ft_grid_sync();") == 2 and "ft_r -= ft_t2;" in kernel
+    prog._run.backend.max_blocks = blocks
+    assert rel_error(prog(*inputs), mod.program(*inputs)) < TOL
 
 
 def test_emulated_grid_defaults_to_a_few_blocks(compiled):
