@@ -287,8 +287,9 @@ def bind(name: str, args, attrs: dict):
     recorded with its adjoint rule (`autodiff_rules.RULES`)."""
     from . import autodiff_rules, elementmath, tracing
     prim = PRIMITIVES[name]
-    if prim.variadic:
-        args = tuple(args[0]) if len(args) == 1 and isinstance(args[0], (tuple, list)) else tuple(args)
+    if prim.variadic:  # concat's operands: one by one, as a tuple, or as a depth-1 list (its elements)
+        one = len(args) == 1 and (isinstance(args[0], (tuple, list)) or is_ad(args[0]) and args[0].depth == 1)
+        args = tuple(args[0]) if one else tuple(args)
     prims = [primal(a) for a in args]
     for p in prims:
         if isinstance(p, ListBase):
@@ -360,29 +361,28 @@ class ADList(ListBase):
     def to_numpy(self):
         return self.primal.to_numpy()
 
-    def __getitem__(self, index):
+    def _access(self, op, *args):
         from . import autodiff_rules
-        return autodiff_rules.access(self, "getitem", index)
+        return autodiff_rules.access(self, op, *args)
 
-    def window(self, size, stride=1, padding=0, *more):
-        raise _no_access_rule("window")
+    def __getitem__(self, index):
+        return self._access("getitem", index)
+
+    def window(self, size, stride=1, padding=0, dilation=1):
+        return self._access("window", size, stride, padding, *([dilation] if dilation != 1 else []))
 
     def gather(self, indices):
-        raise _no_access_rule("gather")
+        raise DifferentiationError("differentiating through gather is not supported yet (its adjoint is a "
+                                   "scatter-add); gather lists that need no gradient", op="gather")
 
     def strided_split(self, d):
-        raise _no_access_rule("strided_split")
+        return self._access("strided_split", d)
 
     def strided_merge(self):
-        raise _no_access_rule("strided_merge")
+        return self._access("strided_merge")
 
     def _repeat(self, n, inner):
-        raise _no_access_rule("product")
-
-
-def _no_access_rule(op: str) -> DifferentiationError:
-    return DifferentiationError(f"differentiating through {op} is not supported yet (its adjoint, an overlap-add "
-                                "or scatter-add, is missing); apply it to lists that need no gradient", op=op)
+        return self._access("product", n, inner)
 
 
 # ---------------------------------------------------------------------------------------

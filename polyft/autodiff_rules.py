@@ -14,9 +14,9 @@ import numpy as np
 
 from . import elementmath as em
 from . import operators, pytree
-from .autodiff import (DifferentiationError, Tape, _Pushed, add, is_ad, primal, recording, scale, wrap,
+from .autodiff import (DifferentiationError, Tape, _is_list, _Pushed, add, is_ad, primal, recording, scale, wrap,
                        zeros_like)
-from .fractaltensor import FractalTensor, ListBase, Zip, is_traced, unzip
+from .fractaltensor import FractalTensor, ListBase, Zip, is_traced, unzip, window_args
 from .primitives import getitem_axes, normalize_axis
 
 _FLOATS = ("float16", "float32", "float64")
@@ -94,7 +94,7 @@ def _max(ct, out, prims, attrs):
     """Split among the maxima (ties share), as torch's amax."""
     x, shape = prims[0], _shape(prims[0])
     top = _kept(out, shape, attrs.get("axis"), attrs.get("keepdims", False))
-    hit = em.where(top - x, 0.0, 1.0)
+    hit = em.where(top - x, zeros_like(x), zeros_like(x) + 1.0)
     hits = em.sum(hit, axis=attrs.get("axis"), keepdims=True)
     return [hit * _kept(ct, shape, attrs.get("axis"), attrs.get("keepdims", False)) / hits]
 
@@ -156,6 +156,11 @@ def _nonempty(parts, d):
     return tuple(p for p in parts if not isinstance(p, np.ndarray) or p.shape[d])
 
 
+def _select(mask, a, b=None):
+    """`a` where mask is nonzero, else `b` (zeros of a's type by default): ft.where."""
+    return em.where(mask, a, zeros_like(a) if b is None else b)
+
+
 def _pow(ct, out, prims, attrs):
     x, p = prims
     if not _is_number(p):
@@ -171,8 +176,8 @@ def _astype(ct, out, prims, attrs):
 
 def _where(ct, out, prims, attrs):
     mask, a, b = prims
-    return [None, _unbroadcast(em.where(mask, ct, 0.0), _operand_shape(a)),
-            _unbroadcast(em.where(mask, 0.0, ct), _operand_shape(b))]
+    return [None, _unbroadcast(em.where(mask, ct, zeros_like(ct)), _operand_shape(a)),
+            _unbroadcast(em.where(mask, zeros_like(ct), ct), _operand_shape(b))]
 
 
 RULES = {
@@ -195,10 +200,11 @@ RULES = {
     "log1p": _unary(lambda ct, o, x: ct / (1.0 + x)),
     "sqrt": _unary(lambda ct, o, x: ct * 0.5 / o),
     "softplus": _unary(lambda ct, o, x: ct * em.sigmoid(x)),
-    "relu": _unary(lambda ct, o, x: em.where(o, ct, 0.0)),
-    "abs": _unary(lambda ct, o, x: em.where(x, ct * x / em.where(x, o, 1.0), 0.0)),
-    "maximum": _binary(lambda ct, o, a, b: em.where(o - b, ct, 0.0), lambda ct, o, a, b: em.where(o - b, 0.0, ct)),
-    "minimum": _binary(lambda ct, o, a, b: em.where(o - b, ct, 0.0), lambda ct, o, a, b: em.where(o - b, 0.0, ct)),
+    "relu": _unary(lambda ct, o, x: _select(o, ct)),
+    "abs": _unary(lambda ct, o, x: _select(x, ct * x / em.where(x, o, zeros_like(o) + 1.0))),
+    # the operand the result came from (a where o - b is nonzero: o is a) takes the cotangent
+    "maximum": _binary(lambda ct, o, a, b: _select(o - b, ct), lambda ct, o, a, b: _select(o - b, zeros_like(ct), ct)),
+    "minimum": _binary(lambda ct, o, a, b: _select(o - b, ct), lambda ct, o, a, b: _select(o - b, zeros_like(ct), ct)),
     "max": _max,
     "sum": _sum,
     "mean": _mean,
@@ -214,36 +220,76 @@ RULES = {
 # Access operators: the inverse views
 
 
-def access(xs, op: str, index):
-    """`xs[index]` on a list being differentiated; its adjoint places the cotangent back."""
+def access(xs, op: str, *args):
+    """An access operator on a list being differentiated; its adjoint is the inverse view (a reversal,
+    the strided merge of a strided split, sums over a broadcast) or, where the view drops or repeats
+    positions (slices, indexing, windows), the cotangent read back at each position (`gather`) times a
+    0/1 mask, summed over the view's columns (a window's overlap-add)."""
     p = xs.primal
     tape = recording() or xs.tape
-    result = wrap(p[index], tape)
-    tape.record(op, [xs], [result], lambda cts: [_unview(cts[0], p, index)])
+    if op == "getitem":
+        out, back = p[args[0]], lambda ct: _unview(ct, p, args[0])
+    elif op == "window":
+        out, back = p.window(*args), lambda ct: _unwindow(ct, p, *args)
+    elif op == "strided_split":
+        out, back = p.strided_split(args[0]), lambda ct: ct.strided_merge()
+    elif op == "strided_merge":
+        out, back = p.strided_merge(), lambda ct: ct.strided_split(_concrete_length(p, op))
+    else:  # "product": `_repeat(n, inner)`, each element n times (inner) or the list n times
+        n, inner = args
+        out = p._repeat(n, inner)
+        back = (lambda ct: operators.map(lambda row: operators.reduce(add, row), ct)) if inner else \
+            (lambda ct: operators.reduce(add, ct))
+    result = wrap(out, tape)
+    tape.record(op, [xs], [result], lambda cts: [back(cts[0])])
     return result
 
 
+def _concrete_length(p, op: str) -> int:
+    length = p.length
+    if isinstance(length, int):
+        return length
+    if getattr(length, "is_concrete", False):
+        return length.const
+    raise DifferentiationError(f"the gradient of {op} needs a concrete length, not {length}", op=op)
+
+
+def _place(ct, p, reads: dict):
+    """The cotangent of list p from ct, a view that read p at `reads` {position in p: position in ct}."""
+    n = _concrete_length(p, "getitem")
+    if not reads:
+        return None
+    mask = np.zeros(n, np.dtype(p.dtype))
+    where = np.zeros(n, np.int64)
+    for i, k in reads.items():
+        mask[i], where[i] = 1, k
+    return operators.map(lambda m, c: scale(m, c), FractalTensor.from_numpy(mask, 1), ct.gather(where))
+
+
 def _unview(ct, p, index):
-    """The cotangent of list p given ct for `p[index]`: ct.reverse() for a reversal, else ct read back
-    at each position (`ct.gather`) times a 0/1 mask of the positions the view read."""
+    """The cotangent of list p given ct for `p[index]`."""
     if isinstance(index, slice) and index == slice(None, None, -1):
         return ct.reverse()
-    length = p.length
-    if not (isinstance(length, int) or getattr(length, "is_concrete", False)):
-        raise DifferentiationError(f"the gradient of xs[{index!r}] needs a concrete length, not {length}",
-                                   op="getitem")
-    n = length if isinstance(length, int) else length.const
-    positions = list(range(n))[index] if isinstance(index, slice) else [range(n)[index]]
-    mask = np.zeros(n, np.dtype(p.dtype))
-    mask[positions] = 1
-    masks = FractalTensor.from_numpy(mask, 1)
-    if not isinstance(index, slice):
-        return operators.map(lambda m: scale(m, ct), masks)
-    if not positions:
-        return zeros_like(p)
-    where = np.zeros(n, np.int64)
-    where[positions] = np.arange(len(positions))
-    return operators.map(lambda m, c: scale(m, c), masks, ct.gather(where))
+    positions = range(_concrete_length(p, "getitem"))
+    if isinstance(index, slice):
+        return _place(ct, p, {i: k for k, i in enumerate(positions[index])}) or zeros_like(p)
+    mask = np.zeros(len(positions), np.dtype(p.dtype))
+    mask[positions[index]] = 1
+    return operators.map(lambda m: scale(m, ct), FractalTensor.from_numpy(mask, 1))
+
+
+def _unwindow(ct, p, size, stride=1, padding=0, dilation=1):
+    """Overlap-add: element i of p gets the cotangents of every window position that read it."""
+    checked = window_args(size, stride, padding, dilation) if dilation != 1 else window_args(size, stride, padding)
+    size, stride, lo = checked[:3]
+    n, count = _concrete_length(p, "window"), _concrete_length(ct, "window")
+    total = None
+    for j in range(size):
+        column = operators.map(lambda win, j=j: win[j], ct)
+        reads = {w * stride + j * dilation - lo: w for w in range(count)
+                 if 0 <= w * stride + j * dilation - lo < n}
+        total = add(total, _place(column, p, reads))
+    return zeros_like(p) if total is None else total
 
 
 # ---------------------------------------------------------------------------------------
@@ -251,25 +297,26 @@ def _unview(ct, p, index):
 
 
 def _components(xs) -> list:
-    if isinstance(xs, Zip):
-        if xs.depth != 1:
-            raise DifferentiationError("differentiating through ft.product is not supported yet", op="product")
-        return list(xs.components)
-    return [xs]
+    return list(xs.components) if isinstance(xs, Zip) else [xs]
 
 
 def _regroup(lists, flat):
-    """The elements of `lists` (a zip's as a tuple) from the flat elements of their components."""
+    """The elements of `lists` from the flat elements of their components: a zip's element is the
+    tuple of its components' (a zip one level less deep for ft.product's)."""
     out, k = [], 0
     for xs in lists:
         n = len(_components(xs))
-        out.append(tuple(flat[k:k + n]) if isinstance(xs, Zip) else flat[k])
+        if not isinstance(xs, Zip):
+            out.append(flat[k])
+        else:
+            out.append(tuple(flat[k:k + n]) if xs.depth == 1 else Zip(flat[k:k + n], xs.depth - 1))
         k += n
     return out
 
 
 def _flatten(elems, lists):
-    return [e for x, xs in zip(elems, lists) for e in (x if isinstance(xs, Zip) else (x,))]
+    return [e for x, xs in zip(elems, lists)
+            for e in (x.components if isinstance(x, Zip) else x if isinstance(xs, Zip) else (x,))]
 
 
 def _is_float(p) -> bool:
@@ -437,6 +484,13 @@ def _captured(f, out=None, seen=None) -> list:
     return out
 
 
+def _select_list(mask, a, b):
+    """_select on tensors, element by element on lists (ft.map)."""
+    if _is_list(a):
+        return operators.map(lambda x, y: _select_list(mask, x, y), a, b)
+    return _select(mask, a, b)
+
+
 def _known_zero(p) -> bool:
     """Whether the primal p is zeros known before the program runs (eager data or a traced constant)."""
     if isinstance(p, FractalTensor):
@@ -495,7 +549,7 @@ def _scan(f, xs, init, fold: bool):
             g, acc = carry[:ns], carry[ns + nx:]
             x, windows = e[:nc], e[nc:nc + ns]
             firsts, ct_e = (e[nc + ns], e[nc + ns + 1:]) if any(at_init) else (None, e[nc + ns:])
-            prev = [add(w[0], scale(1.0 - firsts[0], v)) if need else w[0]
+            prev = [_select_list(1.0 - firsts[0], v, w[0]) if need else w[0]
                     for w, v, need in zip(windows, init_p, at_init)]
             total = list(g)
             for j, c in zip(present, ct_e):

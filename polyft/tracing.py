@@ -265,7 +265,24 @@ def permute(x: Value, perm: tuple, op: str) -> Value:
 
 
 def _dummy(shape, dtype):
-    return np.ones(shape, dtype=dtype)
+    """A stand-in for shape inference: ones, or zeros for integers (valid ids of scatter_add)."""
+    return (np.zeros if np.issubdtype(np.dtype(dtype), np.integer) else np.ones)(shape, dtype=dtype)
+
+
+def check_ids_at_call(ids: Value, bound: int, what: str, op: str) -> None:
+    """Ids an operation indexes with (scatter_add's) must be read from a program input, which each
+    call checks against `bound` before native code runs (etdg.IndexCheck); constants are checked now."""
+    if ids.const is not None:
+        bad = np.flatnonzero((ids.const < 0) | (ids.const >= bound))
+        if bad.size:
+            raise IndexRangeError(f"id {ids.const.ravel()[bad[0]]} at {bad[0]} is outside [0, {bound}) of {what}", op=op)
+        return
+    pieces = ids.node.pieces if ids.node.op == "load" else []
+    buf = pieces[0].buffer.resolve() if len(pieces) == 1 and pieces[0].buffer is not None else None
+    if buf is None or buf.kind != "input":
+        raise AccessError(f"the ids {ids} must be read from a program input (checked on each call before the "
+                          "program runs) or be a constant, not computed", op=op)
+    _state().index_checks.append(IndexCheck(buf.name, Length.of(bound), what, errors.user_location(), op))
 
 
 def apply_op(name: str, args, attrs) -> Value:
@@ -659,7 +676,8 @@ class FTTracer(ListBase):
                                   "gather from the list itself, then apply the view", op="gather")
             index = tuple(Gather(Aff.of(q), buf, ipc.index[:-1]) if place in ix.dims else ix for ix in pc.index)
             pieces.append(Piece(pc.conds, pc.buffer, index, pc.const))
-        _state().index_checks.append(IndexCheck(buf.name, self.lengths[0], self.type_string, errors.user_location()))
+        _state().index_checks.append(IndexCheck(buf.name, self.lengths[0], f"the list {self.type_string} it gathers "
+                                                "from", errors.user_location()))
         return FTTracer([ids.lengths[0]] + self.lengths[1:], [q] + self.places[1:], pieces,
                         self._element_shape, self._dtype)
 

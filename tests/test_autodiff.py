@@ -8,7 +8,7 @@ import pytest
 import polyft as ft
 from polyft.autodiff import DifferentiationError
 from polyft.testing import rel_error
-from polyft.workloads import stacked_lstm, stacked_rnn
+from polyft.workloads import WORKLOADS, stacked_lstm, stacked_rnn
 
 torch = pytest.importorskip("torch")
 
@@ -196,3 +196,44 @@ def test_errors_name_the_operator_and_line():
     assert e.value.op == "window" and "test_autodiff.py" in e.value.where
     with pytest.raises(DifferentiationError, match="input 0 is a Python int"):
         ft.vjp(lambda x: x, 3)
+
+
+@pytest.fixture
+def float64_constants(monkeypatch):
+    """The workloads build their constants with ft.zeros / ft.full (float32 by default): in float64
+    here, so that their gradients can be checked by finite differences to 1e-6."""
+    for name in ("zeros", "full"):
+        make = getattr(ft, name)
+        monkeypatch.setattr(ft, name, lambda *a, dtype="float64", make=make: make(*a, dtype=dtype))
+
+
+def as_float64(x):
+    return ft.FractalTensor.from_numpy(x.to_numpy().astype(np.float64), x.depth) if isinstance(x, ft.FractalTensor) \
+        else np.asarray(x, np.float64)
+
+
+def total(out) -> float:
+    return float(sum(o.to_numpy().sum() for o in (out if isinstance(out, tuple) else (out,))))
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_workload_gradients_equal_finite_differences(name, float64_constants):
+    """loss = the sum of the outputs: <gradient, v> equals the central difference along v for random
+    directions v, in float64."""
+    mod = WORKLOADS[name]
+    inputs = [as_float64(x) for x in mod.inputs("small", seed=4)]
+    out, pullback = ft.vjp(mod.program, *inputs)
+    grads = [g.to_numpy() if hasattr(g, "to_numpy") else np.asarray(g) for g in pullback(ones_like_out(out))]
+    arrays = [x.to_numpy() if hasattr(x, "to_numpy") else x for x in inputs]
+
+    def loss(*arrs):
+        return total(mod.program(*[ft.FractalTensor.from_numpy(a, x.depth) if hasattr(x, "depth") else a
+                                   for a, x in zip(arrs, inputs)]))
+
+    rng = np.random.default_rng(11)
+    for _ in range(3):
+        v = [rng.standard_normal(a.shape) for a in arrays]
+        eps = 1e-5
+        fd = (loss(*[a + eps * d for a, d in zip(arrays, v)]) - loss(*[a - eps * d for a, d in zip(arrays, v)])) / (2 * eps)
+        ad = sum(float((g * d).sum()) for g, d in zip(grads, v))
+        assert abs(ad - fd) <= 1e-6 * max(1.0, abs(fd))
