@@ -817,6 +817,23 @@ class StatementBody:
                     cgen.Assign(f"{o}[{self._flat([s[d] for d in keep], idx)}]", f"log{f}(_sm) + _sh")]
         self.lines.append(self._loops([s[d] for d in keep], body, "_e"))
 
+    def _op_scatter_add(self, op):
+        """out[ids[q]] (+)= x[q], q in order: one thread (or loop) per column of the rows owns it
+        through the init and every q, so the writes to a row are ordered, never concurrent."""
+        (x, s, _), (ids, _, _) = self._operand(op.inputs[0]), self._operand(op.inputs[1])
+        self._decl(op)
+        o, t = self._ref(op), ctype(op.dtype)
+        rows, n, cols = s[0], op.shape[0], max(1, math.prod(s[1:]))
+        start, step = ("0", "{dst} += {x}") if op.attrs.get("combine", "sum") == "sum" else \
+            (lowest(op.dtype), "{dst} = ft_maximum({x}, {dst})")
+
+        def body(idx):
+            c = idx[0]
+            return [cgen.For("long _k = 0", f"_k < {n}", "_k++", cgen.Assign(f"{o}[_k*{cols} + {c}]", start)),
+                    cgen.For("long _q = 0", f"_q < {rows}", "_q++", cgen.Line(step.format(
+                        dst=f"{o}[((long){ids}[_q])*{cols} + {c}]", x=f"{x}[_q*{cols} + {c}]") + ";"))]
+        self.lines.append(self._loops([cols], body, "_e"))
+
     def _op_concat(self, op):
         axis = op.attrs.get("axis", 0) % len(op.shape)
         self._decl(op)

@@ -6,7 +6,7 @@ from .fractaltensor import FractalTensor, Zip
 from .operators import map, reduce, foldl, foldr, scanl, scanr, zip, product
 from .elementmath import (tanh, sigmoid, exp, log, sqrt, relu, maximum, minimum, max, sum, mean,
                           softmax, concat, zeros, zeros_like, ones, full, matmul, transpose, log1p, softplus,
-                          abs, pow, where, logsumexp, reshape, squeeze, unsqueeze)
+                          abs, pow, where, logsumexp, reshape, squeeze, unsqueeze, scatter_add, index_add)
 from .tracing import trace
 from .autodiff import vjp, grad
 

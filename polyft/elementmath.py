@@ -117,6 +117,18 @@ def softmax(x, axis: int = -1):
     return _bind("softmax", (x,), {"axis": axis})
 
 
+def scatter_add(x, ids, n: int, combine: str = "sum"):
+    """The dual of gather (index_add): `out[ids[q]] += x[q]` over the rows q of x, into n rows
+    from 0 (combine="max": the max, from -inf; a row no id names stays 0 / -inf). Compiled, the
+    ids must be read from a program input (each call checks them against n first) or be constants."""
+    if is_traced(ids) and isinstance(ids, tracing.Value):
+        tracing.check_ids_at_call(ids, int(n), f"the {int(n)} rows scatter_add writes", "scatter_add")
+    return _bind("scatter_add", (x, ids), {"n": int(n), "combine": combine})
+
+
+index_add = scatter_add
+
+
 # -- shape ---------------------------------------------------------------------------------
 def concat(xs, axis: int = 0):
     """Join tensors (a tuple/list of them, or a depth-1 list) along an existing axis."""

@@ -68,9 +68,10 @@ class IndexCheck:
     before native code runs."""
 
     ids: str  # the input holding the ids
-    bound: Length  # the gathered list's length
-    what: str  # the gathered list's type, for the message
+    bound: Length  # the gathered list's length (the rows scatter_add writes)
+    what: str  # what the ids index, for the message
     where: str | None = None  # the user's line
+    op: str = "gather"
 
     def check(self, ids: np.ndarray, params: dict, error) -> None:
         """Raise `error` (an InputError class) naming the first id out of range and the bound."""
@@ -78,9 +79,8 @@ class IndexCheck:
         bad = np.flatnonzero((ids < 0) | (ids >= bound)) if ids.size else []
         if len(bad):
             k = np.unravel_index(bad[0], ids.shape)
-            raise error(f"index {self.ids}[{', '.join(map(str, k))}] = {ids[k]} is outside [0, {bound}) of the list "
-                        f"{self.what} it gathers from ({len(bad)} ids out of range); nothing ran",
-                        op="gather", where=self.where)
+            raise error(f"index {self.ids}[{', '.join(map(str, k))}] = {ids[k]} is outside [0, {bound}) of {self.what} "
+                        f"({len(bad)} ids out of range); nothing ran", op=self.op, where=self.where)
 
 
 # ---------------------------------------------------------------------------------------

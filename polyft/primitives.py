@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from .errors import ShapeError
+from .errors import DTypeError, IndexRangeError, ShapeError
 
 
 def fmt_shape(shape) -> str:
@@ -71,6 +71,15 @@ def _where_rule(name, shapes):
     broadcast_shape(name, broadcast_shape(name, shapes[0], shapes[1]), shapes[2])
 
 
+def _scatter_rule(name, shapes, n, combine="sum"):
+    """scatter_add(x, ids, n): x [L, ...] and ids [L]; `combine` sum or max."""
+    x, ids = shapes
+    if not x or ids != x[:1]:
+        raise ShapeError(f"needs x [L, ...] and ids [L], got x {fmt_shape(x)} and ids {fmt_shape(ids)}", op=name)
+    if combine not in ("sum", "max") or int(n) < 0:
+        raise ShapeError(f"combine must be 'sum' or 'max' and n >= 0, got {combine!r} and {n}", op=name)
+
+
 def _concat_rule(name, shapes, axis=0):
     if not shapes:
         raise ShapeError("needs at least one tensor", op=name)
@@ -119,6 +128,22 @@ def _logsumexp(x, axis=None, keepdims=False):
     return out if keepdims else np.squeeze(out, axis=axis)
 
 
+def _scatter_add(x, ids, n, combine="sum"):
+    """Rows of x added (or maxed) into row ids[q] of n rows: numpy's add.at / maximum.at, from 0
+    for sum and from the lowest value (-inf) for max, so a row no id names is 0 or -inf."""
+    x, ids = np.asarray(x), np.asarray(ids)
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise DTypeError(f"ids must be integers, got {ids.dtype}", op="scatter_add")
+    bad = np.flatnonzero((ids < 0) | (ids >= n))
+    if bad.size:
+        raise IndexRangeError(f"id {ids[bad[0]]} at {bad[0]} is outside [0, {n}) of the rows it writes",
+                              op="scatter_add")
+    low = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+    out = np.full((int(n),) + x.shape[1:], 0 if combine == "sum" else low, x.dtype)
+    (np.add if combine == "sum" else np.maximum).at(out, ids, x)
+    return out
+
+
 PRIMITIVES = {p.name: p for p in (
     # Python's operators (on traced values: `tracing.Value`'s dunder methods)
     Primitive("add", operator.add),
@@ -153,6 +178,7 @@ PRIMITIVES = {p.name: p for p in (
     Primitive("mean", np.mean, _axis_rule),
     Primitive("softmax", _softmax, _axis_rule),
     Primitive("logsumexp", _logsumexp, _axis_rule),
+    Primitive("scatter_add", _scatter_add, _scatter_rule),  # index_add: the dual of gather
     Primitive("concat", lambda xs, axis=0: np.concatenate(xs, axis=axis), _concat_rule, variadic=True),
 )}
 

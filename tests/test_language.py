@@ -429,3 +429,61 @@ def test_runtime_gather_from_a_computed_list_waits_for_all_of_it(target):
     ids = ids_of((9,), 7, 41)
     prog = ft.compile(f, table, ids, target=target)
     assert rel_error(prog(table, ids), 3.0 * table.to_numpy()[ids.to_numpy()] + 1.0) < 1e-6
+
+
+# -- scatter_add / index_add -----------------------------------------------------------------
+def table_gradient(d_rows, idss, V=7):
+    """The embedding's gradient: each sentence's row gradients added into the rows of its token ids."""
+    return ft.map(lambda d, ids: ft.scatter_add(d, ids, V), d_rows, idss)
+
+
+def segment_max(xs, segs, S=5):
+    return ft.map(lambda x, s: ft.index_add(ft.relu(x), s, S, combine="max"), xs, segs)
+
+
+def loop_reference(x, ids, n, combine):
+    """out[ids[q]] (+)= x[q] by a Python loop in float64: the independent reference."""
+    out = np.zeros((n,) + x.shape[1:]) if combine == "sum" else np.full((n,) + x.shape[1:], -np.inf)
+    for q, k in enumerate(ids):
+        out[k] = out[k] + x[q] if combine == "sum" else np.maximum(out[k], x[q])
+    return out
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("program, n, combine", [(table_gradient, 7, "sum"), (segment_max, 5, "max")])
+def test_scatter_add_equals_a_loop_with_repeated_ids(target, program, n, combine):
+    x = rand((3, 9, 4), 50)
+    ids = np.random.default_rng(51).integers(0, n, (3, 9))
+    ids[:, :3] = 1  # repeated ids: the writes to one row must all land
+    xs, idss = ft.FractalTensor.from_numpy(x, 1), ft.FractalTensor.from_numpy(ids.astype(np.int64), 1)
+    src = np.maximum(x, 0) if combine == "max" else x
+    expected = np.stack([loop_reference(src[b].astype(np.float64), ids[b], n, combine) for b in range(3)])
+    got_eager = program(xs, idss).to_numpy()
+    np.testing.assert_array_equal(np.isinf(got_eager), np.isinf(expected))  # rows no id names: -inf for max
+    finite = np.isfinite(expected)
+    assert rel_error(got_eager[finite], expected[finite]) < 1e-6
+    prog = ft.compile(program, xs, idss, target=target)
+    fresh = rand((3, 9, 4), 52)
+    src = np.maximum(fresh, 0) if combine == "max" else fresh
+    expected = np.stack([loop_reference(src[b].astype(np.float64), ids[b], n, combine) for b in range(3)])
+    got = prog(ft.FractalTensor.from_numpy(fresh, 1), idss).to_numpy()
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(expected))
+    assert rel_error(got[np.isfinite(expected)], expected[np.isfinite(expected)]) < 1e-6
+
+
+def test_scatter_ids_are_checked_on_each_call_and_must_come_from_an_input(monkeypatch):
+    xs = ft.FractalTensor.from_numpy(rand((2, 9, 4), 53), 1)
+    ids = np.random.default_rng(54).integers(0, 7, (2, 9)).astype(np.int64)
+    prog = ft.compile(table_gradient, xs, ft.FractalTensor.from_numpy(ids, 1))
+    ids[1, 4] = 7
+    monkeypatch.setattr(prog, "_run", lambda *args: pytest.fail("native code ran"))
+    with pytest.raises(InputError) as e:
+        prog(xs, ft.FractalTensor.from_numpy(ids, 1))
+    assert e.value.op == "scatter_add" and "idss[1, 4] = 7" in str(e.value) and "[0, 7)" in str(e.value)
+    with pytest.raises(IndexRangeError, match="scatter_add: id 7 at 4"):
+        table_gradient(xs, ft.FractalTensor.from_numpy(ids, 1))
+    with pytest.raises(AccessError, match="scatter_add: the ids .* must be read from a program input"):
+        ft.trace(lambda xs, idss: ft.map(lambda d, i: ft.scatter_add(d, i + 1, 8), xs, idss), xs,
+                 ft.FractalTensor.from_numpy(ids, 1))
+    with pytest.raises(ShapeError, match=r"scatter_add: needs x \[L, ...\] and ids \[L\]"):
+        ft.scatter_add(rand((9, 4), 55), np.zeros(8, np.int64), 3)
