@@ -126,6 +126,10 @@ class Value:
         shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
         return apply_op("reshape", (self,), {"shape": reshaped("reshape", self.shape, shape)})
 
+    def flatten(self):
+        """numpy's `x.flatten()`: a 1-D reshape (not the list operator `xss.flatten()`)."""
+        return self.reshape(-1)
+
     def __repr__(self):
         return f"Value({self.dtype}{list(self.shape)})"
 

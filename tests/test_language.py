@@ -218,6 +218,12 @@ def test_heads_split_by_reshape_compile_and_equal_a_numpy_reference(target):
     assert rel_error(prog(ft.FractalTensor.from_numpy(fresh, 1), wq), expected) < 1e-5
 
 
+def test_an_elements_flatten_is_numpys_not_the_list_operator():
+    xs = ft.FractalTensor.from_numpy(rand((2, 3, 4), 13), 1)
+    prog = ft.compile(lambda xs: xs.map(lambda x: x.flatten() * 2.0), xs)
+    np.testing.assert_array_equal(prog(xs).to_numpy(), xs.to_numpy().reshape(2, 12) * 2)
+
+
 def test_reshape_errors_name_the_operation_the_shapes_and_the_line():
     with pytest.raises(ShapeError, match=r"reshape: cannot reshape \[4, 6\] \(24 elements\) into \[5, 5\]"):
         ft.reshape(X, (5, 5))
