@@ -124,7 +124,7 @@ class CudaTarget(Target):
         tiles = tiled_loops(etdg, ast, schedule.parallel, tb) if tb else {}
         driver = PersistentKernel(ast, schedule, model.context, tiles, tb, list(model.params),
                                   keep_on_chip(etdg, storage, schedule.parallel))
-        kernel_of, local = local_candidates(etdg, storage, ast, schedule.parallel, tiles, driver, model)
+        band_of, local = local_candidates(etdg, storage, ast, schedule.parallel, tiles, driver, model)
         wanted = len(local)
         nbytes = {name: local_bytes(storage.buffers[name], w, model.sizes) for name, w in local.items()}
         local = {name: w for name, w in local.items() if nbytes[name] is not None}
@@ -145,7 +145,7 @@ class CudaTarget(Target):
                                             "__noinline__ __device__ static void",
                                             cgen.Value("const ctx_t* __restrict__", "c"), driver.statement.variants,
                                             fits, tb)
-            places, shared = local_places(storage, local, kernel_of, nbytes, arena[0])
+            places, shared = local_places(storage, local, band_of, nbytes, arena[0])
             if len(places) == len(local):
                 break
             local = {name: w for name, w in local.items() if name in places}
@@ -159,9 +159,9 @@ class CudaTarget(Target):
                 b = layout.buffers[slot]
                 setup.append(cgen.Line(f"ft_own.b{slot} = ({ctype(b.dtype)}*)(ft_arena + {places[name]});  "
                                        f"/* {name}: {nbytes[name]} bytes, batches of {local[name]} */"))
-            for k in sorted({kernel_of[name] for name in places}):
-                lo = min(places[name] for name in places if kernel_of[name] == k)
-                hi = max(places[name] + nbytes[name] for name in places if kernel_of[name] == k)
+            for k in sorted({band_of[name] for name in places}):
+                lo = min(places[name] for name in places if band_of[name] == k)
+                hi = max(places[name] + nbytes[name] for name in places if band_of[name] == k)
                 # what an earlier instance left in the block's shared memory would hide a read
                 # before a write: emulated, each instance starts from NaNs
                 driver.instance_bodies[k].contents.insert(0, cgen.Line(
@@ -181,7 +181,7 @@ class CudaTarget(Target):
                              + [const_decl(n, v, "__device__ const") for n, v in consts.values()]
                              + [cgen.Line("")] + functions + [cgen.Line(""), kernel])
         return CudaModule(str(module) + "\n", layout, tuple(params), driver.source(), [0], shared, self.threads,
-                          tuple(driver.serial), {name: kernel_of[name] for name in places}), wanted
+                          tuple(driver.serial), {name: band_of[name] for name in places}), wanted
 
 
 def local_candidates(etdg, storage, ast, parallel: list, tiles: dict, driver: PersistentKernel, model) -> tuple:
@@ -201,7 +201,7 @@ def local_candidates(etdg, storage, ast, parallel: list, tiles: dict, driver: Pe
             st = by_name[name]
             for am in st.reads + st.writes:
                 bands.setdefault(am.buffer.resolve().name, set()).add(k)
-    kernel_of, local = {}, {}
+    band_of, local = {}, {}
     for name in widths:
         ks = bands.get(name, set())
         if len(ks) != 1:
@@ -211,8 +211,8 @@ def local_candidates(etdg, storage, ast, parallel: list, tiles: dict, driver: Pe
             tiled = band.dims[band.tiled] if band.tiled is not None else None
             inst = Instance(driver.tb if tiled is not None else 1, False, band.depth, tiled)
             instance_cells(storage, name, inst, model)
-            kernel_of[name], local[name] = min(ks), inst
-    return kernel_of, local
+            band_of[name], local[name] = min(ks), inst
+    return band_of, local
 
 
 @dataclass(frozen=True)
@@ -319,15 +319,16 @@ BLOCKS_PER_SM = 2
 LOCAL_BUDGET = 113 * 1024
 
 
-def local_places(storage, local: dict, kernel_of: dict, nbytes: dict, arena: int) -> tuple:
+def local_places(storage, local: dict, band_of: dict, nbytes: dict, arena: int) -> tuple:
     """(buffer name -> byte offset in the block's dynamic shared memory, the bytes a block
-    needs): per kernel, its local buffers after the arena, one ALIGN-aligned region per group
-    of Storage.regions (as large as its largest member); where a kernel's regions would pass
-    LOCAL_BUDGET its largest buffer goes back to global memory (left out), until they fit."""
+    needs): per band, its local buffers after the arena (those of two bands are never live at
+    once: they may overlap), one ALIGN-aligned region per group of Storage.regions (as large
+    as its largest member); where a band's regions would pass LOCAL_BUDGET its largest buffer
+    goes back to global memory (left out), until they fit."""
     base = _align(arena)
     places, shared = {}, 0
-    for k in sorted(set(kernel_of[name] for name in local)):
-        names = [name for name in local if kernel_of[name] == k]
+    for k in sorted(set(band_of[name] for name in local)):
+        names = [name for name in local if band_of[name] == k]
         while names:
             offsets, end = {}, base
             for group in storage.regions({name: local[name] for name in names}):
