@@ -527,3 +527,27 @@ def test_nvcc_compiles_every_construct_for_sm80_and_sm90(tmp_path):
     r = subprocess.run(["nvcc", "-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90",
                         "-c", str(tmp_path / "k.cu"), "-o", str(tmp_path / "k.o")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_an_embedding_before_a_stacked_lstm_keeps_its_schedule():
+    """The may-read of the whole table creates no dependence (the table is an input): the tagger's
+    schedule runs in as many sequential steps as the LSTM fed with embedded inputs, and both equal eager."""
+    from polyft.workloads import stacked_lstm
+
+    _, wss, uss, bss = stacked_lstm.inputs("small", N=2, D=2, L=5, H=8)
+    table = ft.FractalTensor.from_numpy(rand((13, 1, 8), 70), 1)
+    idss = ids_of((2, 5), 13, 71)
+
+    def head(hsss):
+        return hsss.map(lambda hss: hss[-1].map(lambda h: ft.logsumexp(h, axis=1, keepdims=True) - h))
+
+    def tagger(table, idss, wss, uss, bss):
+        return head(stacked_lstm.program(idss.map(lambda ids: table.gather(ids)), wss, uss, bss)[0])
+
+    def embedded(xss, wss, uss, bss):
+        return head(stacked_lstm.program(xss, wss, uss, bss)[0])
+    xss = ft.FractalTensor.from_numpy(table.to_numpy()[idss.to_numpy()], 2)
+    expected = embedded(xss, wss, uss, bss)
+    prog = ft.compile(tagger, table, idss, wss, uss, bss)
+    assert rel_error(prog(table, idss, wss, uss, bss), expected) < 1e-5
+    assert prog.schedule.sequential_steps == ft.analyze(embedded, xss, wss, uss, bss).schedule.sequential_steps
