@@ -149,6 +149,32 @@ def wrap(p, tape):
 
 
 # ---------------------------------------------------------------------------------------
+# Compute operators for the adjoints: while a trace is in progress (a pullback being compiled)
+# eager lists (the forward's saved values, masks) join it as constants, since the bodies compute on
+# traced values even when every list is eager
+
+
+def _traceable(x):
+    from . import tracing
+    if getattr(tracing._TRACING, "state", None) is None:
+        return x
+    if isinstance(x, Zip):
+        return Zip([_traceable(c) for c in x.components], x.depth)
+    return tracing._lift_leaf(x, "vjp") if isinstance(x, FractalTensor) else x
+
+
+def ft_map(f, *lists):
+    from . import operators
+    return operators.map(f, *[_traceable(xs) for xs in lists])
+
+
+def ft_aggregate(op: str, f, xs, init=None):
+    """ft.reduce / ft.scanl / ft.scanr on `xs`, as `ft_map` does for map."""
+    from . import operators
+    return getattr(operators, op)(f, _traceable(xs), pytree.map(_traceable, init))
+
+
+# ---------------------------------------------------------------------------------------
 # Cotangent arithmetic on values and lists (None is a zero)
 
 
@@ -163,24 +189,21 @@ def add(a, b):
     if b is None:
         return a
     if _is_list(a):
-        from . import operators
-        return operators.map(add, a, b)
+        return ft_map(add, a, b)
     return a + b
 
 
 def scale(m, c):
     """m * c with m a scalar tensor, on every element of a list c."""
     if _is_list(c):
-        from . import operators
-        return operators.map(lambda e: scale(m, e), c)
+        return ft_map(lambda e: scale(m, e), c)
     return c * m
 
 
 def zeros_like(p):
     """Zeros of p's type: a tensor, or a list of zeros (ft.map)."""
     if _is_list(p):
-        from . import operators
-        return operators.map(zeros_like, p)
+        return ft_map(zeros_like, p)
     if is_traced(p):
         from . import elementmath
         return elementmath.zeros_like(p)

@@ -13,9 +13,9 @@ import types
 import numpy as np
 
 from . import elementmath as em
-from . import operators, pytree
-from .autodiff import (DifferentiationError, Tape, _is_list, _Pushed, add, is_ad, primal, recording, scale, wrap,
-                       zeros_like)
+from . import pytree
+from .autodiff import (DifferentiationError, Tape, _is_list, _Pushed, add, ft_aggregate, ft_map, is_ad, primal,
+                       recording, scale, wrap, zeros_like)
 from .fractaltensor import FractalTensor, ListBase, Zip, is_traced, unzip, window_args
 from .primitives import getitem_axes, normalize_axis
 
@@ -238,8 +238,8 @@ def access(xs, op: str, *args):
     else:  # "product": `_repeat(n, inner)`, each element n times (inner) or the list n times
         n, inner = args
         out = p._repeat(n, inner)
-        back = (lambda ct: operators.map(lambda row: operators.reduce(add, row), ct)) if inner else \
-            (lambda ct: operators.reduce(add, ct))
+        back = (lambda ct: ft_map(lambda row: ft_aggregate("reduce", add, row), ct)) if inner else \
+            (lambda ct: ft_aggregate("reduce", add, ct))
     result = wrap(out, tape)
     tape.record(op, [xs], [result], lambda cts: [back(cts[0])])
     return result
@@ -263,7 +263,7 @@ def _place(ct, p, reads: dict):
     where = np.zeros(n, np.int64)
     for i, k in reads.items():
         mask[i], where[i] = 1, k
-    return operators.map(lambda m, c: scale(m, c), FractalTensor.from_numpy(mask, 1), ct.gather(where))
+    return ft_map(lambda m, c: scale(m, c), FractalTensor.from_numpy(mask, 1), ct.gather(where))
 
 
 def _unview(ct, p, index):
@@ -275,7 +275,7 @@ def _unview(ct, p, index):
         return _place(ct, p, {i: k for k, i in enumerate(positions[index])}) or zeros_like(p)
     mask = np.zeros(len(positions), np.dtype(p.dtype))
     mask[positions[index]] = 1
-    return operators.map(lambda m: scale(m, ct), FractalTensor.from_numpy(mask, 1))
+    return ft_map(lambda m: scale(m, ct), FractalTensor.from_numpy(mask, 1))
 
 
 def _unwindow(ct, p, size, stride=1, padding=0, dilation=1):
@@ -285,7 +285,7 @@ def _unwindow(ct, p, size, stride=1, padding=0, dilation=1):
     n, count = _concrete_length(p, "window"), _concrete_length(ct, "window")
     total = None
     for j in range(size):
-        column = operators.map(lambda win, j=j: win[j], ct)
+        column = ft_map(lambda win, j=j: win[j], ct)
         reads = {w * stride + j * dilation - lo: w for w in range(count)
                  if 0 <= w * stride + j * dilation - lo < n}
         total = add(total, _place(column, p, reads))
@@ -360,7 +360,7 @@ def _planned(tape):
     tape.n_compute += 1
     if tape.replay is None or k >= len(tape.replay[0]):
         return None, None
-    (plan, saved), (leafmap, structure, subplan) = tape.replay, tape.replay[0][k]
+    saved, (leafmap, structure, subplan) = tape.replay[1], tape.replay[0][k]
     n = _n_leaves(structure)
     if len(leafmap) == n:
         return pytree.unflatten(structure, [saved[leafmap[j]] for j in range(n)]), subplan
@@ -431,30 +431,32 @@ def _map(f, lists):
     saved, plan = _planned(tape)
     if saved is None:
         with _Pushed(None):
-            saved = operators.map(body, *[primal(xs) for xs in lists])
+            saved = ft_map(body, *[primal(xs) for xs in lists])
         plan = plan_box[0] if plan_box else []
     out = _wrap_result(saved, tape)
     out_leaves, saved_leaves = pytree.leaves(out), pytree.leaves(saved)
 
+    captured = _captured(f)
+
     def backward(couts):
         present = [j for j, c in enumerate(couts) if c is not None]
-        captured_box = []
+        n_diff = sum(diff)
+        if not n_diff and not captured:
+            return []
 
         def body_bwd(*es):
             nf, no = len(flat), len(saved_leaves)
             cts = [None] * no
             for j, c in zip(present, es[nf + no:]):
                 cts[j] = c
-            grads, captured = _body_vjp(call, es[:nf], diff, list(es[nf:nf + no]), cts, plan)
-            captured_box[:] = [[obj for obj, _ in captured]]
-            return tuple(grads) + tuple(ct for _, ct in captured)
+            grads, caps = _body_vjp(call, es[:nf], diff, list(es[nf:nf + no]), cts, plan)
+            return (*grads, *_captured_cts(caps, captured, "map"))
 
         with _Pushed(None):
-            res = operators.map(body_bwd, *[primal(c) for c in flat], *saved_leaves, *[couts[j] for j in present])
+            res = ft_map(body_bwd, *[primal(c) for c in flat], *saved_leaves, *[couts[j] for j in present])
             res = res if isinstance(res, tuple) else (res,)
-            n_diff = sum(diff)
             pairs = list(zip([c for c, d in zip(flat, diff) if d], res[:n_diff]))
-            pairs += [(obj, operators.reduce(add, lst)) for obj, lst in zip(captured_box[0], res[n_diff:])]
+            pairs += [(obj, ft_aggregate("reduce", add, lst)) for obj, lst in zip(captured, res[n_diff:])]
         return pairs
 
     tape.record_compute("map", out_leaves, backward, (plan, pytree.structure(saved)))
@@ -487,8 +489,18 @@ def _captured(f, out=None, seen=None) -> list:
 def _select_list(mask, a, b):
     """_select on tensors, element by element on lists (ft.map)."""
     if _is_list(a):
-        return operators.map(lambda x, y: _select_list(mask, x, y), a, b)
+        return ft_map(lambda x, y: _select_list(mask, x, y), a, b)
     return _select(mask, a, b)
+
+
+def _captured_cts(caps, captured, op: str) -> list:
+    """The body's cotangents for its closure's stand-ins, in `captured`'s order (zeros for unused ones)."""
+    got = {id(obj): ct for obj, ct in caps}
+    stray = [obj for obj, _ in caps if not any(obj is c for c in captured)]
+    if stray:
+        raise DifferentiationError(f"the function reads {stray[0]!r} other than through its closure (a global, an "
+                                   "attribute); pass it in the lists or the state", op=op)
+    return [_ct_or_zero(got.get(id(c)), c.primal) for c in captured]
 
 
 def _known_zero(p) -> bool:
@@ -530,7 +542,7 @@ def _scan(f, xs, init, fold: bool):
     states, plan = _planned(tape)
     if states is None or fold:
         with _Pushed(None):
-            states = operators.scanl(body, primal(xs), pytree.unflatten(state_structure, init_p))
+            states = ft_aggregate("scanl", body, primal(xs), pytree.unflatten(state_structure, init_p))
         plan = plan_box[0] if plan_box else (plan or [])
     with _Pushed(None):
         out_p = pytree.map(lambda v: v[-1], states) if fold else states
@@ -555,20 +567,15 @@ def _scan(f, xs, init, fold: bool):
             for j, c in zip(present, ct_e):
                 total[j] = add(total[j], c)
             grads, caps = _body_vjp(call, [*prev, *x], [True] * ns + xdiff, [w[1] for w in windows], total, plan)
-            got = {id(obj): ct for obj, ct in caps}
-            stray = [obj for obj, _ in caps if not any(obj is c for c in captured)]
-            if stray:
-                raise DifferentiationError(f"the step function reads {stray[0]!r} other than through its closure; "
-                                           "pass it in the scanned list or the state", op="scanl")
-            return (*grads, *[add(a, got.get(id(c))) for a, c in zip(acc, captured)])
+            return (*grads, *[add(a, c) for a, c in zip(acc, _captured_cts(caps, captured, "scanl"))])
 
         with _Pushed(None):
             windows = [v.window(2, 1, (1, 0)) for v in s_leaves]
-            firsts = [operators.map(lambda _: np.ones((), np.dtype(str(comps_p[0].dtype))), comps_p[0])
+            firsts = [ft_map(lambda _: np.ones((), np.dtype(str(comps_p[0].dtype))), comps_p[0])
                       .window(2, 1, (1, 0))] if any(at_init) else []
             carry0 = (*final, *[zeros_like(c[0]) for c, d in zip(comps_p, xdiff) if d],
                       *[zeros_like(c.primal) for c in captured])
-            res = operators.scanr(step, Zip([*comps_p, *windows, *firsts, *[cts[j] for j in present]]), carry0)
+            res = ft_aggregate("scanr", step, Zip([*comps_p, *windows, *firsts, *[cts[j] for j in present]]), carry0)
             g_prev, g_xs, g_caps = res[:ns], res[ns:ns + nx], res[ns + nx:]
             pairs = [(v, g[0]) for v, g in zip(init_leaves, g_prev) if is_ad(v)]
             pairs += list(zip([c for c, d in zip(comps, xdiff) if d], g_xs))
