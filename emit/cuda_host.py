@@ -96,7 +96,8 @@ class PersistentKernel:
                  together=None):
         self.parallel, self.tiles, self.tb, self.params = schedule.parallel, tiles, tb, list(params)
         self.schedule, self.context = schedule, context
-        self.together = together  # (depth, nodes) -> why a band must not be split over them, or None
+        self.together = together  # (depth, nodes) -> the buffer a band must not be split to keep, or None
+        self.kept: list = []  # those buffers
         self.statement = StatementCalls("c")
         self.bands: list = []
         self.instance_bodies: list = []  # per band, the cgen.Block an instance runs (its first lines may be added)
@@ -164,8 +165,11 @@ class PersistentKernel:
         if not has_parallel(node, self.parallel):
             return self._band(band, node, path)
         if t == isl.ast_node_type.block:  # distributed: one band per node
-            why = self.together and self.together(self._depth(band, path), children(node))
-            if why:
+            kept = self.together and self.together(self._depth(band, path), children(node))
+            if kept:
+                why = f"buffer {kept} lives within one instance of the band: its parallel loops run in one block " \
+                      "so that it stays on chip"
+                self.kept.append(kept)
                 self.serial.append(why)
                 return self._band(band, node, path, why)
             return cgen.Block([self._mapped(band, c, path) for c in children(node)])

@@ -117,13 +117,15 @@ class CudaTarget(Target):
             return self._generate(model, schedule, precision, storage, None)[0]
         return best
 
-    def _generate(self, model, schedule, precision, storage, tb) -> tuple:
-        """(the module with `tb` instances per batch, how many local buffers a block could own)."""
+    def _generate(self, model, schedule, precision, storage, tb, given_up=frozenset()) -> tuple:
+        """(the module with `tb` instances per batch, how many local buffers a block could own).
+        A band kept whole for a buffer that then does not fit in shared memory is split after
+        all (the buffers `given_up`): its parallel loops are worth more than nothing."""
         etdg = model.etdg
         ast = build_ast(schedule.map, model.context)
         tiles = tiled_loops(etdg, ast, schedule.parallel, tb) if tb else {}
         driver = PersistentKernel(ast, schedule, model.context, tiles, tb, list(model.params),
-                                  keep_on_chip(etdg, storage, schedule.parallel))
+                                  keep_on_chip(etdg, storage, schedule.parallel, given_up))
         band_of, local = local_candidates(etdg, storage, ast, schedule.parallel, tiles, driver, model)
         wanted = len(local)
         nbytes = {name: local_bytes(storage.buffers[name], w, model.sizes) for name, w in local.items()}
@@ -149,6 +151,9 @@ class CudaTarget(Target):
             if len(places) == len(local):
                 break
             local = {name: w for name, w in local.items() if name in places}
+        lost = set(driver.kept) - set(places)
+        if lost:
+            return self._generate(model, schedule, precision, storage, tb, given_up | lost)
         slots = {b.name: k for k, b in enumerate(layout.buffers)}
         setup = [cgen.Line(f"const long {p} = c->{p}; (void){p};") for p in params]
         lines = [driver.code]
@@ -224,17 +229,17 @@ class Instance(Batch):
     tiled: int | None = None
 
 
-def keep_on_chip(etdg, storage, parallel: list):
+def keep_on_chip(etdg, storage, parallel: list, given_up=frozenset()):
     """PersistentKernel's `together`: a band is not split over a sequence of nodes when a local
-    buffer is touched in two of them and lives within one instance of the band, unless a
-    sequential loop is among those nodes (a state carried along it, as in the dilated RNN, is
-    worth the parallel loops inside). Kept whole, the instance writes and reads the buffer in
-    one block, which keeps it in shared memory (the stacked LSTM's gates: one GEMM per gate,
-    a block's gates never leave the chip); split, it would go through global memory between
-    two bands."""
+    buffer (not in `given_up`) is touched in two of them and lives within one instance of the
+    band, unless a sequential loop is among those nodes (a state carried along it, as in the
+    dilated RNN, is worth the parallel loops inside). Kept whole, the instance writes and
+    reads the buffer in one block, which keeps it in shared memory (the stacked LSTM's gates:
+    one GEMM per gate, a block's gates never leave the chip); split, it would go through
+    global memory between two bands. Returns the buffer's name, or None."""
     if storage is None:
         return None
-    local = {name: s for name, s in storage.buffers.items() if s.placement == "local"}
+    local = {name: s for name, s in storage.buffers.items() if s.placement == "local" and name not in given_up}
     touches = {st.name: {am.buffer.resolve().name for am in st.reads + st.writes} for st in etdg.statements}
 
     def together(depth, nodes):
@@ -242,8 +247,7 @@ def keep_on_chip(etdg, storage, parallel: list):
         for name, s in sorted(local.items()):
             users = [n for n, called in zip(nodes, parts) if any(name in touches[st] for st in called)]
             if len(users) > 1 and not any(_sequential(n, parallel) for n in users) and owned(s, depth):
-                return f"buffer {name} lives within one instance of the band: its parallel loops run in one " \
-                       "block so that it stays on chip"
+                return name
         return None
     return together
 

@@ -214,3 +214,17 @@ def test_compiled_from_specs_sizes_shared_memory_by_moduli(name, sizes):
     for overrides in ({}, sizes):
         inputs = mod.inputs("small", seed=48, **overrides)
         assert rel_error(prog(*inputs), mod.program(*inputs)) < TOL, overrides
+
+
+def test_a_band_kept_whole_for_a_buffer_that_does_not_fit_is_split_again():
+    """BigBird: its band is kept whole so that the window buffer stays on chip where it fits
+    (the small preset); at the paper's d=512 the tiles alone pass LOCAL_BUDGET, so the buffer
+    goes to global memory and the band is split after all: no loop runs serially for it."""
+    mod = WORKLOADS["bigbird"]
+    small = ft.analyze(mod.program, *mod.specs("small"))
+    gen = CudaTarget().generate(small.model, small.schedule, storage=small.storage)
+    (kept,) = [why.split()[1] for why in gen.serial]
+    assert kept in gen.layout.local
+    paper = ft.analyze(mod.program, *mod.specs("paper"))
+    gen = CudaTarget().generate(paper.model, paper.schedule, storage=paper.storage)
+    assert kept not in gen.layout.local and gen.serial == ()
