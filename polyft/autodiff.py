@@ -250,23 +250,10 @@ class ADValue:
     def __repr__(self):
         return f"ADValue({self.dtype}{list(self.shape)})"
 
-    def _binop(name, swap=False):
-        def f(self, other):
-            return bind(name, (other, self) if swap else (self, other), {})
-        return f
-
-    __add__, __radd__ = _binop("add"), _binop("add", True)
-    __sub__, __rsub__ = _binop("sub"), _binop("sub", True)
-    __mul__, __rmul__ = _binop("mul"), _binop("mul", True)
-    __truediv__, __rtruediv__ = _binop("truediv"), _binop("truediv", True)
-    __matmul__, __rmatmul__ = _binop("matmul"), _binop("matmul", True)
-    del _binop
+    # Python's binary operators (`x + y`, `2 * x`, ...): set below the class from their table names
 
     def __neg__(self):
         return bind("neg", (self,), {})
-
-    def __pow__(self, p):
-        return bind("pow", (self, p), {})
 
     @property
     def T(self):
@@ -303,6 +290,17 @@ class ADValue:
     def __bool__(self):
         raise errors.TracerControlFlowError("Python control flow on a value being differentiated: use ft.maximum / "
                                             "ft.where / arithmetic instead of if/while/bool()", op="control flow")
+
+
+def _binop(name: str, swap: bool):
+    def f(self, other):
+        return bind(name, (other, self) if swap else (self, other), {})
+    return f
+
+
+for _name in ("add", "sub", "mul", "truediv", "matmul", "pow"):
+    setattr(ADValue, f"__{_name}__", _binop(_name, False))
+    setattr(ADValue, f"__r{_name}__", _binop(_name, True))
 
 
 def bind(name: str, args, attrs: dict):
@@ -358,25 +356,7 @@ class ADList(ListBase):
     def __len__(self):
         return len(self.primal)
 
-    @property
-    def length(self):
-        return self.primal.length
-
-    @property
-    def depth(self):
-        return self.primal.depth
-
-    @property
-    def element_shape(self):
-        return self.primal.element_shape
-
-    @property
-    def dtype(self):
-        return self.primal.dtype
-
-    @property
-    def type_string(self):
-        return self.primal.type_string
+    # the primal list's type: length, depth, element_shape, dtype, type_string (set below the class)
 
     def __repr__(self):
         return f"ADList({self.primal!r})"
@@ -406,6 +386,10 @@ class ADList(ListBase):
 
     def _repeat(self, n, inner):
         return self._access("product", n, inner)
+
+
+for _name in ("length", "depth", "element_shape", "dtype", "type_string"):
+    setattr(ADList, _name, property(lambda self, _name=_name: getattr(self.primal, _name)))
 
 
 # ---------------------------------------------------------------------------------------
