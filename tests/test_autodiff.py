@@ -194,6 +194,9 @@ def test_errors_name_the_operator_and_line():
     with pytest.raises(DifferentiationError, match="gather") as e:
         ft.vjp(lambda xss: xss.map(lambda xs: xs.gather([0, 2])), xss)
     assert e.value.op == "gather" and "test_autodiff.py" in e.value.where
+    with pytest.raises(DifferentiationError, match="has no gradient") as e:
+        ft.vjp(lambda x: ft.scatter_add(x, np.array([0, 1, 0]), 2), np.ones((3, 2)))
+    assert e.value.op == "scatter_add" and "test_autodiff.py" in e.value.where
     with pytest.raises(DifferentiationError, match="input 0 is a Python int"):
         ft.vjp(lambda x: x, 3)
 
