@@ -116,7 +116,7 @@ def _start(init_row, init_scale, r, q) -> str:
     if init_row is None:
         return "0"
     x = f"({init_row(r)})[{q}]"
-    return x if init_scale is None else f"{init_scale(r)} * {x}"
+    return x if init_scale is None else f"{init_scale}[{r}] * {x}"
 
 
 def shared_matmul_work(ops, d) -> int:
@@ -164,7 +164,8 @@ class StatementBody:
     matmul of per-instance rows by a shared matrix reuses each of its rows across the tile.
     """
 
-    def __init__(self, ops, dim, param, buffer_ref, const_ref, batch=None, kernel=(4, 2, 4), packed=frozenset()):
+    def __init__(self, ops, dim, param, buffer_ref, const_ref, batch=None, kernel=(4, 2, 4), packed=frozenset(),
+                 gemms=None):
         self.ops = ops
         self.dim = dim  # IterDim -> C name
         self.param = param  # parameter name -> C expression
@@ -174,6 +175,7 @@ class StatementBody:
         self.batched: set = set()
         self.kernel = kernel  # the GEMM micro-kernel: (rows, vectors, floats per vector) of accumulators
         self.packed = packed  # names of the buffers whose matrices the call has packed in panels
+        self.gemms = gemms  # the module's GEMM functions, shared by its statements (None: GEMMs inline)
         self.sums: dict = {}  # add -> the two matmuls it sums, computed as one GEMM (_matmul_sums)
         self.accumulates: dict = {}  # add -> (matmul, tile) computed as one GEMM from the tile (_matmul_accumulates)
         self._in_batch = False  # generating the body of the per-instance `_b` loop
@@ -488,7 +490,7 @@ class StatementBody:
         sr = None if scale is None else self._operand(scale)[0]
         self.lines += self._gemm(str(P), [(K, lambda r: f"{a} + ({r})*{K}", b)], Q, lambda r: f"{o} + ({r})*{Q}",
                                  "float", init_row=lambda r: f"{xr} + ({r})*{Q}",
-                                 init_scale=None if sr is None else lambda r: f"{sr}[{r}]")
+                                 init_scale=sr)
 
     def _shared_right(self, mm) -> bool:
         return not (isinstance(mm.inputs[1], OpNode) and mm.inputs[1] in self.batched)
@@ -553,7 +555,8 @@ class StatementBody:
             terms.append((K, a_row, b))
         P, Q = op.shape
         rows = f"_nb*{P}" if op in self.batched else str(P)
-        return self._gemm(rows, terms, Q, lambda r: f"v{op.id} + ({r})*{Q}", ctype(op.dtype))
+        return self._gemm(rows, terms, Q, lambda r: f"v{op.id} + ({r})*{Q}", ctype(op.dtype),
+                          most=self.batch[1] * P if op in self.batched else P)
 
     def _right(self, mm):
         """The right operand of a matmul as the GEMM reads it: (C pointer, None) to a row-major
@@ -565,14 +568,53 @@ class StatementBody:
         return (self.buffer_ref(pc.buffer, [self._index(ix) for ix in pc.index], packed=True),
                 panel_width(self.kernel, mm.shape[1]))
 
-    def _gemm(self, nrows: str, terms: list, Q: int, out_row, t: str, init_row=None, init_scale=None) -> list:
+    def _gemm(self, nrows: str, terms: list, Q: int, out_row, t: str, init_row=None, init_scale=None,
+              most=None) -> list:
+        """_gemm_code's GEMM (at most `most` rows, nrows's value by default), as a call of one of
+        the module's GEMM functions (`gemms`: signature -> (name, function)) where it runs the
+        micro-kernel: each statement's code holds a call, not the kernel's, so a statement of
+        256 chained layers is not 256 kernels that the C compiler optimises as one function
+        (time superlinear in its size: 128 layers took 53 s), and statements of one shape share
+        one. The call passes every row's pointers in arrays (the kernel takes them per block
+        of rows anyway)."""
+        if self.gemms is None or Q % self.kernel[2] or t != "float":
+            return self._gemm_code(nrows, terms, Q, out_row, t, init_row, init_scale)
+        const = nrows if nrows.isdigit() else None
+        key = (const, tuple((K, panel) for K, _, (_, panel) in terms), Q, init_row is not None, init_scale is not None)
+        if key not in self.gemms:
+            name = f"ft_gemm{len(self.gemms)}"
+            args = [] if const else [cgen.Value("const long", "nrows")]
+            for k, (_, _, (_, panel)) in enumerate(terms):
+                args += [cgen.Value("const float* const* restrict", f"ga{k}"), cgen.Value("const float* restrict", f"gb{k}")]
+            args.append(cgen.Value("float* const* restrict", "go"))
+            args += [cgen.Value("const float* const* restrict", "gx")] if init_row else []
+            args += [cgen.Value("const float* restrict", "gs")] if init_scale else []
+            code = self._gemm_code(const or "nrows", [(K, lambda r, k=k: f"ga{k}[{r}]", (f"gb{k}", panel))
+                                                      for k, (K, _, (_, panel)) in enumerate(terms)],
+                                   Q, lambda r: f"go[{r}]", t, (lambda r: f"gx[{r}]") if init_row else None,
+                                   "gs" if init_scale else None)
+            self.gemms[key] = (name, cgen.FunctionBody(cgen.FunctionDeclaration(cgen.Value("static void", name), args),
+                                                       cgen.Block(code)))
+        name = self.gemms[key][0]
+        n = most if most is not None else int(nrows)
+        rows = [f"_ga{k}[_r] = {a_row('_r')};" for k, (_, a_row, _) in enumerate(terms)] + [f"_go[_r] = {out_row('_r')};"]
+        rows += [f"_gx[_r] = {init_row('_r')};"] if init_row else []
+        decl = " ".join([f"const float* _ga{k}[{n}];" for k in range(len(terms))] + [f"float* _go[{n}];"]
+                        + ([f"const float* _gx[{n}];"] if init_row else []))
+        args = ([] if const else [nrows]) + [x for k, (_, _, (b, _)) in enumerate(terms) for x in (f"_ga{k}", b)]
+        args += ["_go"] + (["_gx"] if init_row else []) + ([init_scale] if init_scale else [])
+        return [cgen.Block([cgen.Line(decl), cgen.For("int _r = 0", f"_r < {nrows}", "_r++",
+                                                      cgen.Block([cgen.Line(r) for r in rows])),
+                            cgen.Statement(f"{name}({', '.join(args)})")])]
+
+    def _gemm_code(self, nrows: str, terms: list, Q: int, out_row, t: str, init_row=None, init_scale=None) -> list:
         """out[r, :] = sum of a[r, :] @ b over the (K, a_row, (b, panel)) `terms`, for r <
         nrows: a register-blocked micro-kernel (MR rows x NV vectors of L floats, `ft_vec`,
         accumulated over every term's K and stored once; self.kernel, chosen for the ISA:
         emit/isa.py) when L divides Q, else plain loops. `a_row(r)` / `out_row(r)` are C
         pointers to row r; `b` points to the right matrix, row-major (panel None) or packed in
         panels of `panel` columns. With `init_row(r)`, out = that row + the products (the
-        accumulators start from it), times `init_scale(r)` where given."""
+        accumulators start from it), times `init_scale[r]` where given (a C pointer to a value a row)."""
         MR, NV, L = self.kernel
         NV = NV if Q % (L * NV) == 0 else 1
         if Q % L or t != "float":
@@ -595,7 +637,7 @@ class StatementBody:
             rows += [cgen.Line(f"_a{k}[_i] = {a_row('_r')};") for k, (_, a_row, _) in enumerate(terms)]
             rows += [cgen.Line(f"_o[_i] = {out_row('_r')};")]
             rows += [cgen.Line(f"_x[_i] = {init_row('_r')};")] if init_row else []
-            rows += [cgen.Line(f"_s[_i] = {init_scale('_r')};")] if init_scale else []
+            rows += [cgen.Line(f"_s[_i] = {init_scale}[_r];")] if init_scale else []
             if init_row:  # the accumulators start from the tile's rows
                 start = [cgen.Line(f"ft_vec {', '.join(c for row in acc for c in row)};")] + [
                     cgen.Statement(f"memcpy(&{acc[i][v]}, _x[{i}] + _q0 + {L * v}, sizeof {acc[i][v]})")

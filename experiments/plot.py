@@ -353,6 +353,52 @@ def draw_memory(df) -> Figure:
     return fig
 
 
+def exponent(df: pd.DataFrame, family: str, first: int = 3) -> float | None:
+    """compile_time: the fitted growth exponent of a family's total seconds against its size
+    (log-log least squares) from its `first`-th size on (the small sizes are fixed costs); None
+    with fewer than 2 points."""
+    tot = df[(df["family"] == family) & (df["stage"] == "total")].sort_values("size").iloc[first:]
+    if len(tot) < 2:
+        return None
+    return float(np.polyfit(np.log(tot["size"]), np.log(tot["seconds"]), 1)[0])
+
+
+def draw_compile_time(df) -> Figure:
+    """compile_time: seconds per stage of ft.compile (and their total) against each family's
+    size on log-log axes, so growth like n^k is a line of slope k; the total's fitted exponent
+    (from the fourth size on) in each panel's title, and n^1 from the total's first point."""
+    families = list(dict.fromkeys(df["family"]))
+    stages = [s for s in dict.fromkeys(df["stage"]) if s != "total"]
+    fig, axes = plt.subplots(1, len(families), figsize=(5.2 * len(families), 4.6), squeeze=False)
+    colours = plt.get_cmap("tab10")
+    for ax, family in zip(axes[0], families):
+        g = df[df["family"] == family]
+        for k, stage in enumerate(stages + ["total"]):
+            s = g[g["stage"] == stage].sort_values("size")
+            ax.plot(s["size"], s["seconds"], marker="o", ms=3, lw=2.2 if stage == "total" else 1.1,
+                    color="black" if stage == "total" else colours(k), label=stage)
+        tot = g[g["stage"] == "total"].sort_values("size")
+        ax.plot(tot["size"], tot["seconds"].iloc[0] * tot["size"] / tot["size"].iloc[0], color="gray",
+                ls=(0, (1, 3)), lw=1, label="linear (from the first total)")
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xticks(sorted(set(g["size"])))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        _log_y(ax)
+        ax.grid(True, which="both", alpha=0.3)
+        e = exponent(df, family)
+        ax.set_title(f"{family}" + ("" if e is None else f": total ~ size^{e:.2f}"), fontsize=10)
+        ax.set_xlabel(f"{g['size_is'].iloc[0]} (log2)")
+        ax.set_ylabel("seconds (log)")
+    fig.suptitle("compile time: each stage of ft.compile against the program's size", fontsize=11, y=0.995)
+    _legend(fig, axes, y=0.94, ncol=10)
+    fig.text(0.01, 0.005, f"CPU: {', '.join(sorted(set(df['device'])))}; commit "
+             f"{', '.join(sorted(set(df['commit'].astype(str))))}; one run per program, the C compiler's cache empty",
+             fontsize=6.5, va="bottom", ha="left", color="dimgray")
+    fig.tight_layout(rect=(0, 0.04, 1, 0.9))
+    return fig
+
+
 def depth_scaling(fig2=None, fig8=None) -> pd.DataFrame:
     """time(deepest) / time(shallowest) per (artefact, workload, model, system), from the
     depth sweeps (fig2; fig8's depth panels), either of which may be missing (None)."""
@@ -388,6 +434,7 @@ _OUTPUTS = {
     "table7.png": (("table7",), draw_table7),
     "memory.png": (("memory",), draw_memory),
     "depth_scaling.csv": (("fig2", "fig8"), depth_scaling),
+    "compile_time.png": (("compile_time",), draw_compile_time),
 }
 PLOT_SOURCES = {name: sources for name, (sources, _) in _OUTPUTS.items()}
 # the derived tables summary() shows: caption, columns (None: all), number format

@@ -41,6 +41,10 @@ ARTEFACTS = {
     "deps_time": Artefact("polyft.experiments.deps_time", "§5 analysis cost", {
         "deps_time.csv": "How long tracing, the ISL model and the dependence analysis take per workload at the "
                          "paper's sizes, with symbolic and concrete lengths."}),
+    "compile_time": Artefact("polyft.experiments.compile_time", "analysis and compilation that scale", {
+        "compile_time.csv": "Seconds per stage of ft.compile (trace, coarsen, ISL model, dependences, schedule, "
+                            "storage, C source, C compiler) against the layers of a chain, the branches per layer "
+                            "and the layers of a transformer encoder, with the schedule each gets."}),
     "schedule_vs_isl": Artefact("polyft.experiments.schedule_vs_isl", "§5.2 reordering", {
         "schedule_vs_isl.csv": "Parallel loop dims, sequential steps and steps as the generated C runs them of "
                                "polyft's schedule against the nest as written and against isl's own scheduler, "
@@ -96,6 +100,8 @@ PLOTS = {
     "table7.png": "Table 7 (model): GB moved with deferred vs materialised views per workload, with the ratio.",
     "memory.png": "Memory before vs after storage contraction: total bytes relative to inputs + outputs (log) per "
                   "workload, with the ratios written above, paper shape and small shape.",
+    "compile_time.png": "Seconds per stage of ft.compile against each family's size (log-log), with the total's "
+                        "fitted growth exponent.",
     "depth_scaling.csv": "time(deepest) / time(depth 1) per system from fig2 and fig8 (linear growth would "
                          "equal the depth ratio), and time(depth 20) / time(depth 1) as the paper quotes it.",
 }

@@ -50,6 +50,8 @@ class _TraceState:
         self.materialized: dict = {}  # Value -> the buffer it was stored into
         self.assumptions: list = []  # etdg.Assumption: conditions on lengths the program relies on
         self.captured: dict = {}  # id -> etdg.Captured: the user's numpy arrays held as constants
+        self.index_checks: list = []  # etdg.IndexCheck: ids given at call time, range-checked then
+        self.const_buffers: dict = {}  # id of a constant array -> (its buffer, the array: kept alive)
 
     def capture(self, a) -> None:
         """Remember a user's numpy array the program holds as a constant (its content hash)."""
@@ -368,10 +370,24 @@ def _traceable_dtype(a: np.ndarray, what: str) -> None:
                                 f"with .astype(np.float32) (or another of {', '.join(DTYPES)})", op="trace")
 
 
+# constants of more elements than this that are not the user's arrays stay inline (a scalar, a
+# small init tile: the compiler may fold them); the rest are buffers of their own
+INLINE_ELEMENTS = 64
+
+
 def _use(v: Value):
-    """The operand for `v` inside the open block: constants inline, values from enclosing
-    blocks reloaded (loads) or materialized into a buffer (anything else)."""
+    """The operand for `v` inside the open block: small constants inline, the user's arrays and
+    large constants loaded from a buffer of their own (kind "const", passed to the generated
+    code at call time: a 1024 x 1024 weight written into C as literals was 21.6 MB of source
+    and a 10 s compile), values from enclosing blocks reloaded (loads) or materialized into a
+    buffer (anything else)."""
     st = _state()
+    if v.const is not None and (id(v.const) in st.captured or np.size(v.const) > INLINE_ELEMENTS):
+        b = _const_buffer(v.const)
+        key = ("const", b, st.block, _last_child(st.block))  # one load per statement
+        if key not in st.reemitted:
+            st.reemitted[key] = st.emit(OpNode("load", [], v.shape, v.dtype, pieces=[Piece((), b, ())]))
+        return st.reemitted[key]
     if v.const is not None:
         return ("const", v.const)
     if v.block is st.block and not _child_block_since(v.node, st.block):
@@ -380,6 +396,14 @@ def _use(v: Value):
     if key not in st.reemitted:
         st.reemitted[key] = st.emit(OpNode("load", [], v.shape, v.dtype, pieces=_pieces_of(v)))
     return st.reemitted[key]
+
+
+def _const_buffer(a) -> Buffer:
+    """The depth-0 "const" buffer holding the constant array `a` (one per array)."""
+    st = _state()
+    if id(a) not in st.const_buffers:
+        st.const_buffers[id(a)] = (st.new_buffer([], np.shape(a), np.asarray(a).dtype.name, "const", np.asarray(a)), a)
+    return st.const_buffers[id(a)][0]
 
 
 def _last_child(block) -> int:

@@ -31,6 +31,7 @@ tracer's perfect-nest rule), which is what lowers the ETDG's depth.
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import re
 
@@ -324,15 +325,26 @@ def _horizontal_candidate(etdg: ETDG, path, a: int, b: int, where: str, log) -> 
 def _horizontal_once(etdg: ETDG, log, keeps) -> ETDG | None:
     for path, parent in _paths(etdg.root):
         body = parent.body
+        rw = [(reads(n), writes(n)) for n in body]  # once a body: a pair's test is then two set meets
+
+        def edge(i, j) -> bool:
+            return bool(rw[i][1] & rw[j][0]) or bool(rw[j][1] & rw[i][0])
+
+        @functools.lru_cache(maxsize=None)
+        def last_edge_before(j) -> int:
+            return max((i for i in range(j) if edge(i, j)), default=-1)
+
+        @functools.lru_cache(maxsize=None)
+        def first_edge_after(i) -> int:
+            return min((j for j in range(i + 1, len(body)) if edge(i, j)), default=len(body))
         children = [(k, n) for k, n in enumerate(body) if isinstance(n, BlockNode)]
         for (a, b1), (b, b2) in itertools.combinations(children, 2):
-            if not _same_dims(b1, b2) or not _no_edge(b1, b2):
+            if not _same_dims(b1, b2) or edge(a, b):
                 continue
-            between = body[a + 1:b]
-            # the merged node sits where b1 is (b2 moves up past `between`) or where b2 is
-            if all(_no_edge(b2, x) for x in between):
+            # the merged node sits where b1 is (b2 moves up past the nodes between) or where b2 is
+            if last_edge_before(b) <= a:
                 where = "first"
-            elif all(_no_edge(b1, x) for x in between):
+            elif first_edge_after(a) >= b:
                 where = "second"
             else:
                 continue
@@ -453,6 +465,14 @@ def _aligned(P: BlockNode, C: BlockNode) -> int:
 
 def _vertical_candidate(etdg: ETDG, path, a: int, b: int, k: int, where: str, log) -> ETDG:
     w = _Work(etdg)
+    _vertical_apply(w, path, a, b, k, where, log)
+    _flatten(w.root, log, "vertical")
+    return w.finish()
+
+
+def _vertical_apply(w: _Work, path, a: int, b: int, k: int, where: str, log):
+    """Merge the block nodes at `a` (producer) and `b` (consumer) of the block at `path` in the
+    working copy `w`, over their `k` leading dims, in the producer's or the consumer's place."""
     parent = _block_at(w.root, path)
     P, C = parent.body[a], parent.body[b]
     names = (P.name, C.name)
@@ -485,8 +505,6 @@ def _vertical_candidate(etdg: ETDG, path, a: int, b: int, k: int, where: str, lo
     if n_fwd:
         msg += f"; {n_fwd} load(s) of just-stored elements forwarded"
     log.append(msg)
-    _flatten(w.root, log, "vertical")
-    return w.finish()
 
 
 def _vertical_once(etdg: ETDG, log, keeps) -> ETDG | None:
@@ -512,6 +530,45 @@ def _vertical_once(etdg: ETDG, log, keeps) -> ETDG | None:
     return None
 
 
+def _vertical_pairs(etdg: ETDG) -> tuple:
+    """(path, [(a, b, k)]): the first block node whose body has two or more disjoint pairs of
+    adjacent siblings, a producer directly followed by a consumer of its output, all of whose
+    dims align with one side's (the chain of a layer loop: layer 0 -> 1, 2 -> 3, ...); else
+    (None, [])."""
+    for path, parent in _paths(etdg.root):
+        body, pairs, a = parent.body, [], 0
+        while a + 1 < len(body):
+            P, C = body[a], body[a + 1]
+            k = _aligned(P, C) if isinstance(P, BlockNode) and isinstance(C, BlockNode) else 0
+            if k and not (len(P.dims) > k and len(C.dims) > k) and writes(P) & reads(C):
+                pairs.append((a, a + 1, k))
+                a += 2
+            else:
+                a += 1
+        if len(pairs) > 1:
+            return path, pairs
+    return None, []
+
+
+def _vertical_batch(etdg: ETDG, log, keeps) -> ETDG | None:
+    """All the pairs `_vertical_pairs` finds merged at once, at the producers' places, when the
+    result is legal and keeps the critical path (both checked exactly on the whole result, so a
+    batch is as safe as one merge): a chain of n layers takes log2(n) rounds of whole-program
+    checks instead of n. None where there is no batch or it is not kept."""
+    path, pairs = _vertical_pairs(etdg)
+    if not pairs:
+        return None
+    w, trial = _Work(etdg), []
+    for a, b, k in reversed(pairs):  # from the right: a merge shifts only what follows it
+        _vertical_apply(w, path, a, b, k, "producer", trial)
+    _flatten(w.root, trial, "vertical")
+    cand = w.finish()
+    if _legal(cand) and keeps(etdg, cand):
+        log += trial
+        return cand
+    return None
+
+
 def vertical_merge(etdg: ETDG, log: list | None = None, guard: CriticalPathGuard | None = None) -> ETDG:
     """Merge producer/consumer sibling block nodes (connected by an edge), to a fixpoint.
 
@@ -530,7 +587,7 @@ def vertical_merge(etdg: ETDG, log: list | None = None, guard: CriticalPathGuard
     guard = guard or CriticalPathGuard()
     cur = etdg
     while True:
-        nxt = _vertical_once(cur, log, guard)
+        nxt = _vertical_batch(cur, log, guard) or _vertical_once(cur, log, guard)
         if nxt is None:
             break
         cur = nxt

@@ -1,0 +1,122 @@
+"""Analysis and compilation that scale with the program (issue: deep models in seconds).
+
+* Coarsening a chain of n layers checks the whole program O(log n) times (pairs of adjacent
+  layers merged a batch at a time), not once a merge, and gives the same schedule.
+* The user's captured arrays are buffers the generated code reads at call time, never C
+  literals; so are large constants; a scalar stays inline.
+* The C target's GEMMs are functions the statements call, one per shape: a statement of many
+  layers holds calls, not kernels.
+* The compile_time experiment measures every stage and plots them.
+"""
+import math
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import polyft as ft
+from polyft.experiments import compile_time, plot
+from polyft.schedule import coarsen as C
+
+from helpers import assert_same, flist, rand
+
+
+def chain(n, H=16):
+    ws = [rand((H, H), k) / 4 for k in range(n)]
+
+    def net(xs):
+        for w in ws:
+            xs = xs.map(lambda x, w=w: ft.tanh(x @ w))
+        return xs
+    return net, flist([8], [1, H], 99)
+
+
+@pytest.mark.parametrize("n", [8, 32])
+def test_a_chain_of_layers_coarsens_in_log_rounds_of_whole_program_checks(n, monkeypatch):
+    """A chain of n maps merges into one map (1 step, critical path 1, as one merge at a time
+    gave) while the whole program's dataflow is checked about log2(n) times, not n."""
+    checks = []
+    real = C.dataflow_violations
+    monkeypatch.setattr(C, "dataflow_violations", lambda e: checks.append(1) or real(e))
+    net, xs = chain(n)
+    prog = ft.analyze(net, xs)
+    assert len(prog.etdg.statements) == 1 and prog.schedule.sequential_steps == prog.schedule.critical_path == 1
+    assert len(checks) <= 2 * math.log2(n) + 2, len(checks)
+    assert_same(ft.compile(net, xs)(xs), net(xs))
+
+
+def test_horizontal_merging_reads_each_node_once_a_pass(monkeypatch):
+    """Which siblings can merge horizontally is decided from each body node's reads and writes,
+    computed once per body and pass: linear in the layers (a chain has no pair; before, every
+    pair and every node between them was walked again, cubic in the layers)."""
+    def count(n):
+        calls = []
+        real = C.reads
+        monkeypatch.setattr(C, "reads", lambda node: calls.append(1) or real(node))
+        net, xs = chain(n)
+        C.horizontal_merge(ft.trace(net, xs))
+        monkeypatch.setattr(C, "reads", real)
+        return len(calls)
+    assert count(48) <= 2.1 * count(24)
+
+
+def test_captured_arrays_are_buffers_not_literals():
+    """A captured 512 x 512 weight is a "const" buffer the code reads at call time: the source
+    stays small (its literals were 5 MB of C) and the result is eager's; a captured 4-vector
+    too; a Python scalar stays inline. A captured array changed after compiling is still
+    refused (test_numerics)."""
+    w, bias = rand((512, 512), 1) / 20, rand((4,), 2)
+    xs = flist([6], [2, 512], 3)
+
+    def net(xs):
+        return xs.map(lambda x: ft.tanh(x @ w) * 0.5)
+
+    def small(xs):
+        return xs.map(lambda x: x[:, :4] + bias)
+    prog = ft.compile(net, xs)
+    assert len(prog.source) < 100_000
+    consts = [b for b in prog.layout.buffers if b.kind == "const"]
+    assert [tuple(b.element_shape) for b in consts] == [(512, 512)]
+    assert_same(prog(xs), net(xs))
+    prog = ft.compile(small, xs)
+    assert [tuple(b.element_shape) for b in prog.layout.buffers if b.kind == "const"] == [(4,)]
+    assert_same(prog(xs), small(xs))
+    assert re.search(r"\* \(?k\d+\[0\]\)?", ft.compile(net, xs).source)  # 0.5: an inline constant
+
+
+def test_gemms_of_one_shape_share_one_function():
+    """Four layers of one shape: the statement calls one GEMM function four times, and a
+    layer of another width adds one more."""
+    ws = [rand((16, 16), k) / 4 for k in range(4)] + [rand((16, 32), 9) / 4]
+
+    def net(xs):
+        for w in ws:
+            xs = xs.map(lambda x, w=w: ft.tanh(x @ w))
+        return xs
+    xs = flist([8], [1, 16], 7)
+    prog = ft.compile(net, xs)
+    assert len(re.findall(r"^static void ft_gemm\d+\(", prog.source, re.M)) == 2
+    assert len(re.findall(r"ft_gemm0\(", prog.source)) == 1 + 4
+    assert_same(prog(xs), net(xs))
+
+
+def test_compile_time_rows_and_plot(tmp_path, monkeypatch):
+    """Every stage timed per program, the schedule each got, checked against eager; the plot
+    and the fitted exponent from the CSV."""
+    monkeypatch.setattr(compile_time, "FAMILIES", {
+        "chain": (compile_time.chain, "layers", (2, 4, 8, 16)),
+        "encoder": (compile_time.encoder, "encoder layers", (1, 2))})
+    df = compile_time.run("quick", str(tmp_path))
+    got = pd.read_csv(tmp_path / "compile_time_quick.csv")
+    assert len(got) == len(df) == 6 * (len(compile_time.STAGES) + 1)
+    assert set(got["stage"]) == set(compile_time.STAGES) | {"total"}
+    assert (got["rel_error"] < 1e-5).all() and (got["seconds"] >= 0).all()
+    chain_rows = got[(got["family"] == "chain") & (got["stage"] == "total")]
+    assert (chain_rows["statements"] == 1).all() and (chain_rows["sequential_steps"] == 1).all()
+    total = got[got["stage"] == "total"].set_index(["family", "size"])["seconds"]
+    parts = got[got["stage"] != "total"].groupby(["family", "size"])["seconds"].sum()
+    assert np.allclose(total.sort_index(), parts.sort_index())
+    assert plot.exponent(got, "chain", first=1) is not None and plot.exponent(got, "encoder") is None
+    assert str(tmp_path / "compile_time_quick.png") in plot.run(str(tmp_path), "quick", ["compile_time"])
+    assert "chain: seconds per stage" in compile_time.result_text(str(tmp_path), "quick")
