@@ -242,7 +242,7 @@ def test_workload_gradients_equal_finite_differences(name, float64_constants):
         assert abs(ad - fd) <= 1e-6 * max(1.0, abs(fd))
 
 
-@pytest.mark.parametrize("name", ["stacked_lstm", "grid_rnn", "b2b_gemm", "flash_attention"])
+@pytest.mark.parametrize("name", ["stacked_lstm", "grid_rnn", "b2b_gemm", "flash_attention", "bigbird"])
 def test_workload_pullbacks_compile_to_c(name):
     """Each workload's pullback, compiled to C without coarsening (one statement per operation node),
     equals the eager pullback for random cotangents."""
