@@ -53,6 +53,10 @@ ARTEFACTS = {
         "cpu_rnn.csv": "Eager numpy, generated C (original and auto schedules; the stacked LSTM also with a "
                        "tiled wavefront by hand), torch per-cell loops, torch.nn.LSTM and JAX (jax.jit of "
                        "lax.scan) on the RNN workloads at a few depths, on the CPU."}),
+    "grad_bench": Artefact("polyft.experiments.grad_bench", "Differentiation (beyond the paper): forward + backward", {
+        "grad_bench.csv": "Forward + backward of the stacked LSTM: polyft's pullback compiled to C (one program "
+                          "with the forward) and eager, torch.nn.LSTM's forward+backward and jax.grad of a "
+                          "lax.scan LSTM on the CPU, with the backward program's memory and critical path."}),
     "threads": Artefact("polyft.experiments.threads", "CPU threads that never hurt", {
         "threads.csv": "The generated C of every workload at Figure 7's quick shapes on one thread, on every "
                        "core and at its measured default, with the machine idle and with one core busy, and "
