@@ -517,6 +517,9 @@ def _scan(f, xs, init, fold: bool):
     running sum of the captured values' cotangents; each step reads the saved states around it
     (`states.window(2, padding=(1, 0))`: the previous one, the init at step 0), so nothing of the
     forward is recomputed and the backward of a stack of scans is a reversed wavefront."""
+    n = xs.length
+    if fold and (n == 0 if isinstance(n, int) else n.is_concrete and n.const == 0):
+        return init  # a fold of no element is its init
     tape = recording()
     comps = _components(xs)
     xdiff = [is_ad(c) for c in comps]

@@ -2,8 +2,13 @@
 differences (float64), eagerly; the pullback as a compiled program (C, cuda-emulated)."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from nests import TRANSFORMS, Kit, bodies, list_lengths, nest_inputs, nest_program
 
 import polyft as ft
 from polyft.autodiff import DifferentiationError
@@ -257,3 +262,51 @@ def test_workload_pullbacks_compile_to_c(name):
     got = ft.compile(pullback, *cts, target="c", coarsen=False)(*cts)
     for g, e in zip(got, expected):
         assert rel_error(g, e) < 1e-5
+
+
+# -- random nests (tests/nests.py) against finite differences ----------------------------------
+NEST_KIT = Kit(
+    element={"tanh(x@w)": lambda x, w: ft.tanh(x @ w), "x*sigmoid(x)": lambda x, w: x * ft.sigmoid(x),
+             "softmax(x)*w[1]": lambda x, w: ft.softmax(x, axis=-1) * w[1],
+             "concat": lambda x, w: ft.concat((x[:, 1:], x[:, :1] * 0.5), axis=1),
+             "x-mean(x,0)": lambda x, w: x - ft.mean(x, axis=0, keepdims=True)},
+    combine={"s+x": lambda s, x, w: s + x, "tanh(s@w)+x": lambda s, x, w: ft.tanh(s @ w) + x,
+             "s*exp(-x*x)": lambda s, x, w: s * ft.exp(-(x * x)), "maximum": lambda s, x, w: ft.maximum(s, x)},
+    tile=(2, 3), w_shape=(3, 3), w_scale=0.5, pair={"add": lambda a, b: a + b, "a*b": lambda a, b: a * b},
+    kinds=tuple(k for k in TRANSFORMS if k != "gather"), window_pads=(0, 1, (1, 0)))
+
+
+@settings(max_examples=int(os.environ.get("POLYFT_EXAMPLES", 25)), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(lengths=list_lengths(), data=st.data(), seed=st.integers(0, 2 ** 16))
+def test_random_nests_equal_finite_differences(lengths, data, seed):
+    plan, _ = data.draw(bodies(lengths, NEST_KIT, top=True))
+    xs, w = nest_inputs([n for n, _ in lengths], NEST_KIT, seed)
+    x, w = xs.to_numpy().astype(np.float64), w.astype(np.float64)
+    depth = xs.depth
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ("zeros", "full"):  # the nests' constants in float64 too
+            make = getattr(ft, name)
+            mp.setattr(ft, name, lambda *a, dtype="float64", make=make: make(*a, dtype=dtype))
+        program = nest_program(plan, NEST_KIT)
+        try:
+            out, pullback = ft.vjp(program, ft.FractalTensor.from_numpy(x, depth), w)
+        except DifferentiationError as e:  # a documented limitation: scans need an init
+            assume("without init" not in str(e))
+            raise
+        outs = out if isinstance(out, tuple) else (out,)
+        cts = [ft.FractalTensor.from_numpy(np.ones_like(o.to_numpy()), o.depth) if hasattr(o, "depth")
+               else np.ones_like(o) for o in outs]
+        gx, gw = pullback(*cts)
+
+        def loss(x, w):
+            res = program(ft.FractalTensor.from_numpy(x, depth), w)
+            return sum(float(np.sum(r.to_numpy() if hasattr(r, "to_numpy") else r))
+                       for r in (res if isinstance(res, tuple) else (res,)))
+
+        rng = np.random.default_rng(seed)
+        dx, dw = rng.standard_normal(x.shape), rng.standard_normal(w.shape)
+        eps = 1e-6
+        fd = (loss(x + eps * dx, w + eps * dw) - loss(x - eps * dx, w - eps * dw)) / (2 * eps)
+        ad = float(np.sum(gx.to_numpy() * dx) + np.sum(np.asarray(gw) * dw))
+        assert abs(ad - fd) <= 1e-5 * max(1.0, abs(fd))
