@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 
 import cgen
 import numpy as np
@@ -111,6 +112,31 @@ def cond_c(c: Constraint, dim, param) -> str:
     return f"{e} >= 0" if c.kind == "ge" else f"{e} == 0"
 
 
+class Rows:
+    """Row r of a matrix at C pointer `base`, `stride` elements a row: `base + (r)*stride`.
+    A GEMM function takes such rows as the pointer alone; other rows (a batch's instances, each
+    its own tile) as an array of row pointers."""
+
+    def __init__(self, base: str, stride: int):
+        self.base, self.stride = base, stride
+
+    def __call__(self, r) -> str:
+        return f"{self.base} + ({r})*{self.stride}"
+
+
+# a statement with more matmuls than this calls the module's GEMM and elementwise functions
+# (StatementBody._outline); they are never inlined (GCC 12 vectorising one inlined into an OpenMP
+# region crashed with an internal compiler error)
+OUTLINE_MATMULS = 16
+OUTLINED = "static __attribute__((noinline)) void"
+
+
+def _row_param(name: str, stride, const: bool) -> cgen.Value:
+    """A GEMM function's parameter for rows: a pointer (Rows, `stride` not None) or an array of them."""
+    t = "const float" if const else "float"
+    return cgen.Value(f"{t}* restrict" if stride is not None else f"{t}* const* restrict", name)
+
+
 def _start(init_row, init_scale, r, q) -> str:
     """A plain-loop GEMM's start for out[r, q]: 0, x[r, q], or scale[r] * x[r, q]."""
     if init_row is None:
@@ -165,7 +191,7 @@ class StatementBody:
     """
 
     def __init__(self, ops, dim, param, buffer_ref, const_ref, batch=None, kernel=(4, 2, 4), packed=frozenset(),
-                 gemms=None):
+                 functions=None):
         self.ops = ops
         self.dim = dim  # IterDim -> C name
         self.param = param  # parameter name -> C expression
@@ -175,7 +201,7 @@ class StatementBody:
         self.batched: set = set()
         self.kernel = kernel  # the GEMM micro-kernel: (rows, vectors, floats per vector) of accumulators
         self.packed = packed  # names of the buffers whose matrices the call has packed in panels
-        self.gemms = gemms  # the module's GEMM functions, shared by its statements (None: GEMMs inline)
+        self.functions = functions  # signature -> (name, function): the module's functions the statements call
         self.sums: dict = {}  # add -> the two matmuls it sums, computed as one GEMM (_matmul_sums)
         self.accumulates: dict = {}  # add -> (matmul, tile) computed as one GEMM from the tile (_matmul_accumulates)
         self._in_batch = False  # generating the body of the per-instance `_b` loop
@@ -238,7 +264,9 @@ class StatementBody:
         if self._in_batch:
             return  # declared once, before the `_b` loop
         n = max(1, math.prod(op.shape)) * (self.batch[1] if op in self.batched and op not in self.single else 1)
-        line = cgen.ArrayOf(cgen.POD(native_dtype(op.dtype), f"v{op.id}"), n)
+        # the C type every other access uses (cgen's int64 is `long`: a function writing it through
+        # `long long*` is another type to the compiler's aliasing rules, and its stores may be lost)
+        line = cgen.ArrayOf(cgen.Value(ctype(op.dtype), f"v{op.id}"), n)
         self.temps.append((line, f"v{op.id}", ctype(op.dtype), n * native_dtype(op.dtype).itemsize))
         self.lines.append(line)
 
@@ -314,16 +342,41 @@ class StatementBody:
     def _fused(self, group) -> cgen.Generable:
         """One loop over the elements for a run of elementwise operations of one shape: each
         value is a scalar, stored to its tile only where an operation outside the run reads it
-        (declared by the caller: `_kept`), so a chain like exp(s - m) is one pass, not two."""
+        (declared by the caller: `_kept`), so a chain like exp(s - m) is one pass, not two. With
+        the module's `functions`, the loop is a function of its operands' pointers, one per
+        distinct loop, which the statement calls (`_outline`): a statement of 256 layers' tanh is
+        256 calls of one function, not 256 loops in one."""
         kept = self._kept(group)
         if not self._in_batch:
             for op in kept:
                 self._decl(op)
-        return self._loops(group[0].shape, lambda idx: self._chain(group, kept, idx), "_e")
+        if not self._outline():
+            return self._loops(group[0].shape, lambda idx: self._chain(group, kept, idx), "_e")
+        operands = {}  # C expression of an operand -> (parameter, C type)
 
-    def _chain(self, group, kept, idx, store=lambda op, assign: [assign]) -> list:
+        def name_of(a):
+            expr, _, dtype = self._operand(a)
+            return operands.setdefault(expr, (f"x{len(operands)}", ctype(dtype)))[0]
+        outs = {op: f"o{k}" for k, op in enumerate(kept)}
+        loop = self._loops(group[0].shape, lambda idx: self._chain(group, kept, idx, name_of=name_of,
+                                                                    out_of=outs.get), "_e")
+        params = [cgen.Value(f"const {t}* restrict", x) for x, t in operands.values()]
+        params += [cgen.Value(f"{ctype(op.dtype)}* restrict", outs[op]) for op in kept]
+        text = str(loop)
+        for k, op in enumerate(group):  # the values named by place, so that layers' loops are one
+            text = re.sub(rf"\b_t{op.id}\b", f"_t{k}", text)
+        key = ("elementwise", text, tuple(str(p) for p in params))
+        if key not in self.functions:
+            name = f"ft_elementwise{len(self.functions)}"
+            self.functions[key] = (name, cgen.FunctionBody(cgen.FunctionDeclaration(cgen.Value(OUTLINED, name),
+                                                                                    params), cgen.Block([cgen.Line(text)])))
+        args = list(operands) + [self._ref(op) for op in kept]
+        return cgen.Statement(f"{self.functions[key][0]}({', '.join(args)})")
+
+    def _chain(self, group, kept, idx, store=lambda op, assign: [assign], name_of=None, out_of=None) -> list:
         """The lines computing a fused run's values at element `idx` as scalars `_t<id>`, and
-        storing those `kept` (`store(op, assignment)` wraps each store)."""
+        storing those `kept` (`store(op, assignment)` wraps each store); `name_of(operand)` and
+        `out_of(op)` name the operands' and the kept values' arrays (by default their own)."""
         members, lines = set(group), []
         for op in group:
             vals = []
@@ -332,7 +385,7 @@ class StatementBody:
                     name, dtype = f"_t{a.id}", a.dtype
                 else:
                     name, shape, dtype = self._operand(a)
-                    name = self._at(name, shape, op.shape, idx)
+                    name = self._at(name_of(a) if name_of else name, shape, op.shape, idx)
                 # where's mask is tested as it is (a float 0.5 cast to an int result would be 0)
                 vals.append(name if op.op == "where" and k == 0 else cast(name, dtype, op.dtype))
             if op.op in UNARY:
@@ -341,8 +394,16 @@ class StatementBody:
                 expr = BINARY[op.op].format(a=vals[0], b=vals[1], c=vals[-1], f=self._f(op))
             lines.append(cgen.Line(f"const {ctype(op.dtype)} _t{op.id} = {expr};"))
             if op in kept:
-                lines += store(op, cgen.Assign(f"{self._ref(op)}[{self._flat(op.shape, idx)}]", f"_t{op.id}"))
+                out = out_of(op) if out_of else self._ref(op)
+                lines += store(op, cgen.Assign(f"{out}[{self._flat(op.shape, idx)}]", f"_t{op.id}"))
         return lines
+
+    def _outline(self) -> bool:
+        """Whether the GEMMs and elementwise loops are calls of the module's functions: in a
+        statement of more than OUTLINE_MATMULS matmuls (a deep stack of layers merged into one),
+        where the C compiler's time grows faster than the statement; smaller ones keep their code
+        in place, as the compiler optimises it best."""
+        return self.functions is not None and sum(op.op == "matmul" for op in self.ops) > OUTLINE_MATMULS
 
     def _kept(self, group) -> list:
         """The operations of a fused run whose value something outside the run reads (or nothing
@@ -488,8 +549,7 @@ class StatementBody:
         self._decl(op)
         o, xr, Q = self._ref(op), self._ref(x), op.shape[1]
         sr = None if scale is None else self._operand(scale)[0]
-        self.lines += self._gemm(str(P), [(K, lambda r: f"{a} + ({r})*{K}", b)], Q, lambda r: f"{o} + ({r})*{Q}",
-                                 "float", init_row=lambda r: f"{xr} + ({r})*{Q}",
+        self.lines += self._gemm(str(P), [(K, Rows(a, K), b)], Q, Rows(o, Q), "float", init_row=Rows(xr, Q),
                                  init_scale=sr)
 
     def _shared_right(self, mm) -> bool:
@@ -548,14 +608,14 @@ class StatementBody:
             if mm in self.batched:
                 P, K = a_op.shape
                 a_row = (lambda r, a=a_op, P=P, K=K: f"v{a.id}[({r}) / {P}] + (({r}) % {P})*{K}") \
-                    if a_op.op == "load" else (lambda r, a=a_op, K=K: f"v{a.id} + ({r})*{K}")
+                    if a_op.op == "load" else Rows(f"v{a_op.id}", K)
             else:
                 a, (P, K), _ = self._operand(a_op)
-                a_row = lambda r, a=a, K=K: f"{a} + ({r})*{K}"  # noqa: E731
+                a_row = Rows(a, K)
             terms.append((K, a_row, b))
         P, Q = op.shape
         rows = f"_nb*{P}" if op in self.batched else str(P)
-        return self._gemm(rows, terms, Q, lambda r: f"v{op.id} + ({r})*{Q}", ctype(op.dtype),
+        return self._gemm(rows, terms, Q, Rows(f"v{op.id}", Q), ctype(op.dtype),
                           most=self.batch[1] * P if op in self.batched else P)
 
     def _right(self, mm):
@@ -571,41 +631,49 @@ class StatementBody:
     def _gemm(self, nrows: str, terms: list, Q: int, out_row, t: str, init_row=None, init_scale=None,
               most=None) -> list:
         """_gemm_code's GEMM (at most `most` rows, nrows's value by default), as a call of one of
-        the module's GEMM functions (`gemms`: signature -> (name, function)) where it runs the
+        the module's functions (`functions`: signature -> (name, function)) where it runs the
         micro-kernel: each statement's code holds a call, not the kernel's, so a statement of
         256 chained layers is not 256 kernels that the C compiler optimises as one function
         (time superlinear in its size: 128 layers took 53 s), and statements of one shape share
-        one. The call passes every row's pointers in arrays (the kernel takes them per block
-        of rows anyway)."""
-        if self.gemms is None or Q % self.kernel[2] or t != "float":
+        one. Rows at a fixed stride (Rows) are passed as their first row's pointer, others (a
+        batch's instances, each its own tile) as an array of row pointers."""
+        if not self._outline() or Q % self.kernel[2] or t != "float":
             return self._gemm_code(nrows, terms, Q, out_row, t, init_row, init_scale)
         const = nrows if nrows.isdigit() else None
-        key = (const, tuple((K, panel) for K, _, (_, panel) in terms), Q, init_row is not None, init_scale is not None)
-        if key not in self.gemms:
-            name = f"ft_gemm{len(self.gemms)}"
+        rows = [a_row for _, a_row, _ in terms] + [out_row] + ([init_row] if init_row else [])
+        kinds = tuple(r.stride if isinstance(r, Rows) else None for r in rows)  # None: an array of pointers
+        key = ("gemm", const, tuple((K, panel) for K, _, (_, panel) in terms), Q, kinds, init_scale is not None)
+        if key not in self.functions:
+            name = f"ft_gemm{len(self.functions)}"
+            params = [f"ga{k}" for k in range(len(terms))] + ["go"] + (["gx"] if init_row else [])
+            inner = [Rows(p, stride) if stride is not None else (lambda r, p=p: f"{p}[{r}]")
+                     for p, stride in zip(params, kinds)]
+            consts = [True] * len(terms) + [False, True]
             args = [] if const else [cgen.Value("const long", "nrows")]
             for k, (_, _, (_, panel)) in enumerate(terms):
-                args += [cgen.Value("const float* const* restrict", f"ga{k}"), cgen.Value("const float* restrict", f"gb{k}")]
-            args.append(cgen.Value("float* const* restrict", "go"))
-            args += [cgen.Value("const float* const* restrict", "gx")] if init_row else []
+                args += [_row_param(f"ga{k}", kinds[k], True), cgen.Value("const float* restrict", f"gb{k}")]
+            args += [_row_param(p, kind, c) for p, kind, c in zip(params[len(terms):], kinds[len(terms):],
+                                                                 consts[len(terms):])]
             args += [cgen.Value("const float* restrict", "gs")] if init_scale else []
-            code = self._gemm_code(const or "nrows", [(K, lambda r, k=k: f"ga{k}[{r}]", (f"gb{k}", panel))
+            code = self._gemm_code(const or "nrows", [(K, inner[k], (f"gb{k}", panel))
                                                       for k, (K, _, (_, panel)) in enumerate(terms)],
-                                   Q, lambda r: f"go[{r}]", t, (lambda r: f"gx[{r}]") if init_row else None,
+                                   Q, inner[len(terms)], t, inner[len(terms) + 1] if init_row else None,
                                    "gs" if init_scale else None)
-            self.gemms[key] = (name, cgen.FunctionBody(cgen.FunctionDeclaration(cgen.Value("static void", name), args),
-                                                       cgen.Block(code)))
-        name = self.gemms[key][0]
+            self.functions[key] = (name, cgen.FunctionBody(
+                cgen.FunctionDeclaration(cgen.Value(OUTLINED, name), args), cgen.Block(code)))
+        name = self.functions[key][0]
         n = most if most is not None else int(nrows)
-        rows = [f"_ga{k}[_r] = {a_row('_r')};" for k, (_, a_row, _) in enumerate(terms)] + [f"_go[_r] = {out_row('_r')};"]
-        rows += [f"_gx[_r] = {init_row('_r')};"] if init_row else []
-        decl = " ".join([f"const float* _ga{k}[{n}];" for k in range(len(terms))] + [f"float* _go[{n}];"]
-                        + ([f"const float* _gx[{n}];"] if init_row else []))
-        args = ([] if const else [nrows]) + [x for k, (_, _, (b, _)) in enumerate(terms) for x in (f"_ga{k}", b)]
-        args += ["_go"] + (["_gx"] if init_row else []) + ([init_scale] if init_scale else [])
-        return [cgen.Block([cgen.Line(decl), cgen.For("int _r = 0", f"_r < {nrows}", "_r++",
-                                                      cgen.Block([cgen.Line(r) for r in rows])),
-                            cgen.Statement(f"{name}({', '.join(args)})")])]
+        arrays = [(f"_g{k}", r) for k, r in enumerate(rows) if not isinstance(r, Rows)]
+        passed = [r.base if isinstance(r, Rows) else f"_g{k}" for k, r in enumerate(rows)]
+        args = ([] if const else [nrows]) + [x for k, (_, _, (b, _)) in enumerate(terms) for x in (passed[k], b)]
+        args += passed[len(terms):] + ([init_scale] if init_scale else [])
+        call = cgen.Statement(f"{name}({', '.join(args)})")
+        if not arrays:
+            return [call]
+        return [cgen.Block([cgen.Line(" ".join(f"const float* {a}[{n}];" for a, _ in arrays)),
+                            cgen.For("int _r = 0", f"_r < {nrows}", "_r++",
+                                     cgen.Block([cgen.Line(f"{a}[_r] = {r('_r')};") for a, r in arrays])),
+                            call])]
 
     def _gemm_code(self, nrows: str, terms: list, Q: int, out_row, t: str, init_row=None, init_scale=None) -> list:
         """out[r, :] = sum of a[r, :] @ b over the (K, a_row, (b, panel)) `terms`, for r <
@@ -711,8 +779,7 @@ class StatementBody:
         """op = a @ b (P x K times K x Q); b is read through _right, which may point to a packed copy."""
         o = self._ref(op)
         self._decl(op)
-        self.lines += self._gemm(str(P), [(K, lambda r: f"{a} + ({r})*{K}", self._right(op))], Q,
-                                 lambda r: f"{o} + ({r})*{Q}", ctype(op.dtype))
+        self.lines += self._gemm(str(P), [(K, Rows(a, K), self._right(op))], Q, Rows(o, Q), ctype(op.dtype))
 
     def _op_transpose(self, op):
         """Swaps the last two axes; by blocks of 8 x 8 where they divide both (the compiler

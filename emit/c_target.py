@@ -157,8 +157,8 @@ class CTarget(Target):
 
         def spill(st, body):
             spilled[0] = max(spilled[0], body.scratch_bytes)
-        gemms = {}  # the GEMM functions the statements call (StatementBody._gemm)
-        body = functools.partial(StatementBody, kernel=kernel, packed=frozenset(packs), gemms=gemms)
+        called_functions = {}  # the GEMM and elementwise functions the statements call (StatementBody)
+        body = functools.partial(StatementBody, kernel=kernel, packed=frozenset(packs), functions=called_functions)
         functions = statement_functions(etdg, namer, buffer_ref, consts, body, "static void",
                                         cgen.Value("const ctx_t* restrict", "c"), called.variants, spill)
         setup = [cgen.Line("ctx_t ctx;"), cgen.Line("const ctx_t* c = &ctx;")]
@@ -224,7 +224,7 @@ class CTarget(Target):
                         f"  /* {kernel[2]} floats: a vector register of the GEMM micro-kernel */")
         module = cgen.Module([cgen.Line(PRELUDE), vec, cgen.Line(""), ctx, cgen.Line("")]
                              + [const_decl(n, v) for n, v in consts.values()] + [cgen.Line("")]
-                             + [f for _, f in gemms.values()] + functions + [cgen.Line(""), run])
+                             + [f for _, f in called_functions.values()] + functions + [cgen.Line(""), run])
         return CModule(str(module) + "\n", layout, tuple(params), level)
 
 

@@ -197,6 +197,9 @@ def _check_output(cc, flags, r, out, source, src) -> None:
                        op="compile", where="generated C")
 
 
+ICE_RETRY = "-fno-tree-slp-vectorize"  # the flag a build that crashed the compiler is retried with
+
+
 def build(source: str, flags=None, cc=None) -> str:
     """Path of the verified shared object for `source`, compiling it unless cached intact."""
     cc = compiler(cc)
@@ -216,6 +219,13 @@ def build(source: str, flags=None, cc=None) -> str:
         with open(src, "w") as f:
             f.write(source)
         r = tool.run([cc, *flags, src, "-o", out, "-lm"])
+        if r.returncode != 0 and "internal compiler error" in (r.stderr or ""):
+            # a compiler bug, not the source's: GCC 12's SLP vectoriser crashes on some AVX-512
+            # loops ("in vectorizable_live_operation"); built again without it, with a warning
+            warnings.warn(f"{cc} crashed compiling the generated C (an internal compiler error); "
+                          f"compiling it again with {ICE_RETRY}", RuntimeWarning, stacklevel=2)
+            flags = [*flags, ICE_RETRY]
+            r = tool.run([cc, *flags, src, "-o", out, "-lm"])
         _check_output(cc, flags, r, out, source, src)
         with open(out, "rb+") as f:
             body = f.read()

@@ -375,3 +375,23 @@ def test_build_directories_older_than_a_day_are_removed_whoever_made_them(tmp_pa
         os.utime(d, (day_ago, day_ago))
     assert sorted(runtime_c.clean_stale(str(tmp_path))) == sorted(d.name for d in old)
     assert os.listdir(tmp_path) == [keep.name]
+
+
+def test_a_compiler_crash_is_built_again_without_the_slp_vectoriser(tmp_path, monkeypatch):
+    """GCC 12 crashes ("internal compiler error") vectorising some AVX-512 loops: the build is
+    retried once with runtime_c.ICE_RETRY, with a warning, and gives eager's numbers; a compiler
+    that crashes with it too is a CompileError."""
+    real = shutil.which(os.environ.get("CC", "cc"))
+    crash = 'echo "polyft.c:1:1: internal compiler error: in vectorizable_live_operation" >&2; exit 1'
+    for name, when in (("crashes_once", f'*" {runtime_c.ICE_RETRY} "*) exec {real} "$@";;'), ("crashes", "")):
+        cc = tmp_path / name
+        cc.write_text(f'#!/bin/sh\ncase " $* " in\n  {when}\n  *" -shared "*) {crash};;\nesac\nexec {real} "$@"\n')
+        cc.chmod(0o755)
+        monkeypatch.setenv("CC", str(cc))
+        if name == "crashes_once":
+            with pytest.warns(RuntimeWarning, match="internal compiler error"):
+                check_numbers(ft.compile(f, XS, W, target="c"))
+        else:
+            with pytest.raises(CompileError, match=f"(?s){re.escape(runtime_c.ICE_RETRY)}.*internal compiler error"), \
+                    pytest.warns(RuntimeWarning):
+                ft.compile(f, XS, W, target="c")

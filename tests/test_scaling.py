@@ -82,23 +82,31 @@ def test_captured_arrays_are_buffers_not_literals():
     prog = ft.compile(small, xs)
     assert [tuple(b.element_shape) for b in prog.layout.buffers if b.kind == "const"] == [(4,)]
     assert_same(prog(xs), small(xs))
-    assert re.search(r"\* \(?k\d+\[0\]\)?", ft.compile(net, xs).source)  # 0.5: an inline constant
+    assert re.search(r"static const float k\d+\[1\] = \{0\.5\};", ft.compile(net, xs).source)  # 0.5: inline
 
 
-def test_gemms_of_one_shape_share_one_function():
-    """Four layers of one shape: the statement calls one GEMM function four times, and a
-    layer of another width adds one more."""
-    ws = [rand((16, 16), k) / 4 for k in range(4)] + [rand((16, 32), 9) / 4]
+def test_a_deep_statement_calls_one_function_per_gemm_and_loop_shape():
+    """20 layers merged into one statement (more than OUTLINE_MATMULS matmuls): the first reads
+    the batch's input tiles (an array of row pointers), the next 18 their temporaries' rows (one
+    pointer each) and share one GEMM function; the last, of another width, has its own; the
+    tanh loops are one function per shape. 5 layers keep their code in place."""
+    def net_of(n):
+        ws = [rand((16, 16), k) / 4 for k in range(n - 1)] + [rand((16, 32), 99) / 4]
 
-    def net(xs):
-        for w in ws:
-            xs = xs.map(lambda x, w=w: ft.tanh(x @ w))
-        return xs
+        def net(xs):
+            for w in ws:
+                xs = xs.map(lambda x, w=w: ft.tanh(x @ w))
+            return xs
+        return net
     xs = flist([8], [1, 16], 7)
+    net = net_of(20)
     prog = ft.compile(net, xs)
-    assert len(re.findall(r"^static void ft_gemm\d+\(", prog.source, re.M)) == 2
-    assert len(re.findall(r"ft_gemm0\(", prog.source)) == 1 + 4
+    names = re.findall(r"^static __attribute__\(\(noinline\)\) void (ft_\w+)\(", prog.source, re.M)
+    calls = {n: len(re.findall(rf"\b{n}\(", prog.source)) - 1 for n in names}
+    assert sorted(c for n, c in calls.items() if n.startswith("ft_gemm")) == [1, 1, 18], calls
+    assert sorted(c for n, c in calls.items() if n.startswith("ft_elementwise")) == [1, 19], calls
     assert_same(prog(xs), net(xs))
+    assert "ft_gemm" not in ft.compile(net_of(5), xs).source
 
 
 def test_compile_time_rows_and_plot(tmp_path, monkeypatch):
