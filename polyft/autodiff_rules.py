@@ -406,12 +406,28 @@ def compute(op: str, f, lists: tuple, init):
         op = "foldl"
     if init is None and op == "foldl":
         return compute("foldl", f, (lists[0][1:],), lists[0][0])
-    if init is None:
-        raise DifferentiationError(f"differentiating {op} without init is not supported; give the initial state",
-                                   op=op)
-    if op == "map":
-        return _map(f, lists)
+    if init is None:  # [x0, x0 ⊕ x1, ...]: x0 put in front of the scan of the rest from x0
+        xs = lists[0]
+        return _cons(xs[0], compute("scanl", f, (xs[1:],), xs[0]), xs)
     return _scan(f, lists[0], init, fold=op == "foldl")
+
+
+def _empty(xs) -> bool:
+    n = xs.length
+    return n == 0 if isinstance(n, int) else n.is_concrete and n.const == 0
+
+
+def _cons(first, rest, like):
+    """The list `[first, *rest]` (a pytree of them), built from differentiable operators: element i
+    of `rest.window(2, padding=(1, 1))` holds rest[i - 1], and a 0/1 indicator selects `first` at
+    position 0. `like` is a list of the result's length (the scanned list)."""
+    head = _components(like)[0]
+    ones = ft_map(lambda _: np.ones((), np.dtype(str(head.dtype))), primal(head))
+    at_first = ft_map(lambda w: 1.0 - w[0], ones.window(2, 1, (1, 0)))
+    if _empty(pytree.leaves(rest)[0]):
+        return pytree.map(lambda a: ft_map(lambda _: a, at_first), first)
+    return pytree.map(lambda a, b: ft_map(lambda w, m: _select_list(m, a, w[0]), b.window(2, 1, (1, 1)), at_first),
+                      first, rest)
 
 
 def _map(f, lists):
@@ -517,9 +533,11 @@ def _scan(f, xs, init, fold: bool):
     running sum of the captured values' cotangents; each step reads the saved states around it
     (`states.window(2, padding=(1, 0))`: the previous one, the init at step 0), so nothing of the
     forward is recomputed and the backward of a stack of scans is a reversed wavefront."""
-    n = xs.length
-    if fold and (n == 0 if isinstance(n, int) else n.is_concrete and n.const == 0):
-        return init  # a fold of no element is its init
+    if _empty(xs):  # a fold of no element is its init; a scan of none is [] (no gradient flows)
+        if fold:
+            return init
+        with _Pushed(None):
+            return _wrap_result(ft_aggregate("scanl", lambda s, x: s, primal(xs), primal(init)), recording())
     tape = recording()
     comps = _components(xs)
     xdiff = [is_ad(c) for c in comps]

@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nests import TRANSFORMS, Kit, bodies, list_lengths, nest_inputs, nest_program
 
@@ -289,11 +289,7 @@ def test_random_nests_equal_finite_differences(lengths, data, seed):
             make = getattr(ft, name)
             mp.setattr(ft, name, lambda *a, dtype="float64", make=make: make(*a, dtype=dtype))
         program = nest_program(plan, NEST_KIT)
-        try:
-            out, pullback = ft.vjp(program, ft.FractalTensor.from_numpy(x, depth), w)
-        except DifferentiationError as e:  # a documented limitation: scans need an init
-            assume("without init" not in str(e))
-            raise
+        out, pullback = ft.vjp(program, ft.FractalTensor.from_numpy(x, depth), w)
         outs = out if isinstance(out, tuple) else (out,)
         cts = [ft.FractalTensor.from_numpy(np.ones_like(o.to_numpy()), o.depth) if hasattr(o, "depth")
                else np.ones_like(o) for o in outs]
