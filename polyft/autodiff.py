@@ -71,7 +71,7 @@ class _Entry:
     __slots__ = ("inputs", "outputs", "backward", "plan", "name")
 
     def __init__(self, name, inputs, outputs, backward, plan=None):
-        self.name = name
+        self.name = name  # the operation, for reading a tape
         self.inputs = inputs  # None for a compute operator: its backward returns (stand-in, cotangent) pairs
         self.outputs = outputs
         self.backward = backward

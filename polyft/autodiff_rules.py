@@ -14,12 +14,10 @@ import numpy as np
 
 from . import elementmath as em
 from . import pytree
-from .autodiff import (DifferentiationError, Tape, _is_list, _Pushed, add, ft_aggregate, ft_map, is_ad, primal,
+from .autodiff import (_FLOATS, DifferentiationError, Tape, _is_list, _Pushed, add, ft_aggregate, ft_map, is_ad, primal,
                        recording, scale, wrap, zeros_like)
 from .fractaltensor import FractalTensor, ListBase, Zip, is_traced, unzip, window_args
 from .primitives import getitem_axes, normalize_axis
-
-_FLOATS = ("float16", "float32", "float64")
 
 
 # ---------------------------------------------------------------------------------------
