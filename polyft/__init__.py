@@ -9,6 +9,7 @@ from .elementmath import (tanh, sigmoid, exp, log, sqrt, relu, maximum, minimum,
                           abs, pow, where, logsumexp, reshape, squeeze, unsqueeze, scatter_add, index_add)
 from .tracing import trace
 from .autodiff import vjp, grad
+from . import autodiff_rules  # noqa: F401  (registers the adjoints autodiff records with)
 
 __version__ = "0.1.0"
 

@@ -19,11 +19,10 @@ primal is the enclosing operator's saved output (the replay plan).
 """
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 
 from . import errors, pytree
+from .recording import HANDLERS, recording, stack as _stack
 from .fractaltensor import FractalTensor, ListBase, Zip, is_traced, unzip
 from .primitives import PRIMITIVES
 
@@ -34,22 +33,6 @@ class DifferentiationError(errors.PolyftError):
 
 
 _FLOATS = ("float16", "float32", "float64")
-_LOCAL = threading.local()  # .stack: the tapes being recorded, innermost last (None: paused)
-
-
-def _stack() -> list:
-    if not hasattr(_LOCAL, "stack"):
-        _LOCAL.stack = []
-    return _LOCAL.stack
-
-
-def recording():
-    """The tape that operations on stand-ins are recorded on now (None: none, or paused while
-    an operator computes its primal)."""
-    s = _stack()
-    return s[-1] if s else None
-
-
 class _Pushed:
     """`with _Pushed(tape):` records on `tape` (None pauses recording) inside the block."""
 
@@ -306,7 +289,7 @@ for _name in ("add", "sub", "mul", "truediv", "matmul", "pow"):
 def bind(name: str, args, attrs: dict):
     """The element operation `name` on stand-ins: computed on the primals (eagerly or traced) and
     recorded with its adjoint rule (`autodiff_rules.RULES`)."""
-    from . import autodiff_rules, elementmath, tracing
+    from . import elementmath, tracing
     prim = PRIMITIVES[name]
     if prim.variadic:  # concat's operands: one by one, as a tuple, or as a depth-1 list (its elements)
         one = len(args) == 1 and (isinstance(args[0], (tuple, list)) or is_ad(args[0]) and args[0].depth == 1)
@@ -320,7 +303,7 @@ def bind(name: str, args, attrs: dict):
         out = tracing.apply_op(name, prims, attrs)
     else:
         out = elementmath._bind(name, tuple(prims), attrs)
-    rule = autodiff_rules.RULES.get(name)
+    rule = HANDLERS["rules"].get(name)
     live = [a if is_ad(a) else None for a in args]
     if rule is None:
         raise DifferentiationError(f"{name} has no gradient (not differentiable); compute it outside the "
@@ -365,8 +348,7 @@ class ADList(ListBase):
         return self.primal.to_numpy()
 
     def _access(self, op, *args):
-        from . import autodiff_rules
-        return autodiff_rules.access(self, op, *args)
+        return HANDLERS["access"](self, op, *args)
 
     def __getitem__(self, index):
         return self._access("getitem", index)
@@ -489,3 +471,6 @@ def _ones_like(p):
     if is_traced(p):
         return zeros_like(p) + 1.0
     return np.ones_like(np.asarray(p))
+
+
+HANDLERS["bind"] = bind

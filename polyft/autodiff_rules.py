@@ -18,6 +18,7 @@ from .autodiff import (_FLOATS, DifferentiationError, Tape, _is_list, _Pushed, a
                        recording, scale, wrap, zeros_like)
 from .fractaltensor import FractalTensor, ListBase, Zip, is_traced, unzip, window_args
 from .primitives import getitem_axes, normalize_axis
+from .recording import HANDLERS
 
 
 # ---------------------------------------------------------------------------------------
@@ -603,3 +604,6 @@ def _scan(f, xs, init, fold: bool):
 
     tape.record_compute("scan", pytree.leaves(out), backward, (plan, pytree.structure(out_p)))
     return out
+
+
+HANDLERS.update(compute=compute, access=access, rules=RULES)

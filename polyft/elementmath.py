@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import autodiff, tracing
+from . import recording, tracing
 from .errors import DepthError
 from .fractaltensor import FractalTensor, ListBase, check_dtype, is_traced
 from .primitives import PRIMITIVES, permutation, reshaped, squeezed, unsqueezed
@@ -18,7 +18,7 @@ from .primitives import PRIMITIVES, permutation, reshaped, squeezed, unsqueezed
 def _bind(name: str, args: tuple, attrs: dict):
     """The operation `name` on args: recorded if any is traced, else checked and computed."""
     if any(getattr(a, "_ad", False) for a in args):  # a value being differentiated (ft.vjp)
-        return autodiff.bind(name, args, attrs)
+        return recording.HANDLERS["bind"](name, args, attrs)
     if any(is_traced(a) for a in args):
         return tracing.apply_op(name, args, attrs)
     for a in args:

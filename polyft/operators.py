@@ -6,14 +6,13 @@ This module also gives every list the compute operators as methods (`xs.map(f)`,
 """
 from __future__ import annotations
 
-from . import autodiff, eager, pytree, tracing
+from . import eager, pytree, recording, tracing
 from .fractaltensor import ListBase, Zip, check_lists, is_traced
 
 
 def _compute(op: str, f, lists: tuple, init):
-    if autodiff.recording() is not None:  # inside ft.vjp / ft.grad: recorded with its adjoint
-        from . import autodiff_rules
-        return autodiff_rules.compute(op, f, lists, init)
+    if recording.recording() is not None:  # inside ft.vjp / ft.grad: recorded with its adjoint
+        return recording.HANDLERS["compute"](op, f, lists, init)
     if any(is_traced(x) for x in (*lists, *pytree.leaves(init))):
         return tracing.traced_compute(op, f, lists, init)
     return eager.compute(op, f, lists, init)
