@@ -137,9 +137,15 @@ def wrap(p, tape):
 # traced values even when every list is eager
 
 
+def tracing_now() -> bool:
+    """Whether a trace is in progress (the pullback is being compiled, not run on numpy)."""
+    from . import tracing
+    return getattr(tracing._TRACING, "state", None) is not None
+
+
 def _traceable(x):
     from . import tracing
-    if getattr(tracing._TRACING, "state", None) is None:
+    if not tracing_now():
         return x
     if isinstance(x, Zip):
         return Zip([_traceable(c) for c in x.components], x.depth)
@@ -357,8 +363,7 @@ class ADList(ListBase):
         return self._access("window", size, stride, padding, *([dilation] if dilation != 1 else []))
 
     def gather(self, indices):
-        raise DifferentiationError("differentiating through gather is not supported yet (its adjoint is a "
-                                   "scatter-add); gather lists that need no gradient", op="gather")
+        return self._access("gather", indices)
 
     def strided_split(self, d):
         return self._access("strided_split", d)

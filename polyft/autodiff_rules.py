@@ -15,7 +15,7 @@ import numpy as np
 from . import elementmath as em
 from . import pytree
 from .autodiff import (_FLOATS, DifferentiationError, Tape, _is_list, _Pushed, add, ft_aggregate, ft_map, is_ad, primal,
-                       recording, scale, wrap, zeros_like)
+                       recording, scale, tracing_now, wrap, zeros_like)
 from .fractaltensor import FractalTensor, ListBase, Zip, is_traced, unzip, window_args
 from .primitives import getitem_axes, normalize_axis
 from .recording import HANDLERS
@@ -230,6 +230,8 @@ def access(xs, op: str, *args):
         out, back = p[args[0]], lambda ct: _unview(ct, p, args[0])
     elif op == "window":
         out, back = p.window(*args), lambda ct: _unwindow(ct, p, *args)
+    elif op == "gather":
+        out, back = p.gather(args[0]), lambda ct: _scatter(ct, p, args[0])
     elif op == "strided_split":
         out, back = p.strided_split(args[0]), lambda ct: ct.strided_merge()
     elif op == "strided_merge":
@@ -275,6 +277,43 @@ def _unview(ct, p, index):
     mask = np.zeros(len(positions), np.dtype(p.dtype))
     mask[positions[index]] = 1
     return ft_map(lambda m: scale(m, ct), FractalTensor.from_numpy(mask, 1))
+
+
+def _scatter(ct, p, ids):
+    """The adjoint of `p.gather(ids)`: element i of p gets the sum of the cotangents of every q with
+    ids[q] == i (a scatter-add by the same ids). Ids known now (numpy, or an eager list) are, on
+    numpy, one `scatter_add` of the stacked cotangents and, traced, inverse gathers: rank r reads the
+    r-th q that gathered i (as a window's overlap-add). Ids read when the program runs (an input
+    list) are compared with every position i: a map over i of a sum over q of where(ids[q] == i)."""
+    if is_traced(ids):
+        return _scatter_by_runtime_ids(ct, p, ids)
+    idx = np.asarray(ids.to_numpy() if isinstance(ids, FractalTensor) else ids, np.int64).reshape(-1)
+    n = _concrete_length(p, "gather")
+    if not idx.size:
+        return zeros_like(p)
+    if isinstance(ct, FractalTensor) and not tracing_now():
+        return FractalTensor.from_numpy(em.scatter_add(ct.to_numpy(), idx, n), ct.depth)
+    total, seen = None, {}
+    ranks: list[dict] = []
+    for q, i in enumerate(idx.tolist()):
+        r = seen[i] = seen.get(i, -1) + 1
+        if r == len(ranks):
+            ranks.append({})
+        ranks[r][i] = q
+    for reads in ranks:
+        total = add(total, _place(ct, p, reads))
+    return total
+
+
+def _scatter_by_runtime_ids(ct, p, ids):
+    n = _concrete_length(p, "gather")
+    positions = FractalTensor.from_numpy(np.arange(n, dtype=np.dtype(str(ids.dtype))), 1)
+    zero = zeros_like(ct[0])
+
+    def at(i):
+        return ft_aggregate("reduce", lambda acc, c_id: add(acc, _select_list(c_id[1] - i, zeros_like(c_id[0]),
+                                                                              c_id[0])), Zip([ct, ids]), zero)
+    return ft_map(at, positions)
 
 
 def _unwindow(ct, p, size, stride=1, padding=0, dilation=1):
