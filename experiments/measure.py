@@ -9,7 +9,7 @@ For one point (workload, sizes) every system of the workload gets one tidy row:
 * each system is built (generated code compiled, data moved to its device), run once and its
   result checked against the reference (relative error in norm < CPU_TOL, GPU_TOL on a GPU:
   TF32 and other kernels); then the systems that passed are run `warmup` more times and
-  timed `repeats` times, in turns (time_calls: a change of the machine's load falls on all of
+  timed `repeats` times or more (short calls until MIN_TURN seconds a turn), in turns (time_calls: a change of the machine's load falls on all of
   them alike, so their ratios hold on a noisy machine);
   `seconds` is the median, `seconds_min` / `seconds_max` the spread. A system that fails its
   check gets status "wrong: ..." and no time; `sweep` writes the CSV and then fails loudly;
@@ -206,6 +206,11 @@ ROUNDS = 3  # the timed calls of a point come in this many turns per system (tim
 # apply), which would otherwise take a core from the next system: JAX (XLA's own thread pool)
 # ran its first calls after the C's or torch's turn up to 3.5x slower (stacked RNN, D=16)
 SETTLE = 0.02
+# a turn of a system runs at least its share of the repeats and at least this many seconds (at
+# most MAX_CALLS_PER_TURN calls): 5 timed calls of a 0.3 ms workload (b2b GEMM, BigBird at the
+# quick shapes) are 1.5 ms of timing, and their median moved by 1.5x between two runs
+MIN_TURN = 0.05
+MAX_CALLS_PER_TURN = 100
 
 
 def _timed(fn, device) -> float:
@@ -217,7 +222,8 @@ def _timed(fn, device) -> float:
 
 
 def time_calls(calls: list, repeats: int, warmup: int = WARMUP) -> list:
-    """Seconds of `repeats` calls of each (fn, device) in `calls`, after `warmup` calls of each.
+    """Seconds of `repeats` or more calls of each (fn, device) in `calls` (more for short calls:
+    MIN_TURN), after `warmup` calls of each.
     The timed calls come in ROUNDS turns, each system in turn running one untimed call and then
     its share of the repeats: a change of the machine's load while they are timed falls on all of
     them alike, so their ratios hold. Each turn starts after SETTLE seconds of quiet (the other
@@ -231,7 +237,10 @@ def time_calls(calls: list, repeats: int, warmup: int = WARMUP) -> list:
         for (fn, device), out in zip(calls, times):
             time.sleep(SETTLE)
             _timed(fn, device)
-            out += [_timed(fn, device) for _ in range(share)]
+            turn = [_timed(fn, device) for _ in range(share)]
+            while sum(turn) < MIN_TURN and len(turn) < MAX_CALLS_PER_TURN:
+                turn.append(_timed(fn, device))
+            out += turn
     return times
 
 
@@ -306,7 +315,7 @@ def measure(workload: str, sizes: dict, preset: str = "quick", repeats: int | No
         timed.append((row, b, system.device))
     for (row, _, _), times in zip(timed, time_calls([(b.run, device) for _, b, device in timed], repeats, warmup)):
         row.update(seconds=statistics.median(times), seconds_min=min(times), seconds_max=max(times),
-                   repeats=repeats, warmup=warmup + 1)
+                   repeats=len(times), warmup=warmup + 1)
     return rows
 
 

@@ -57,7 +57,7 @@ def test_measure_checks_times_and_reports_absent_systems():
     by = {r["system"]: r for r in rows}
     assert list(by) == [s.name for s in measure.systems("stacked_rnn")]
     for name in ("numpy-eager", "c-original", "c-auto", "c-auto-1thread", "torch-cell-loop"):
-        assert by[name]["status"] == "ok" and by[name]["seconds"] > 0 and by[name]["repeats"] == 2
+        assert by[name]["status"] == "ok" and by[name]["seconds"] > 0 and by[name]["repeats"] >= 2
         assert by[name]["seconds_min"] <= by[name]["seconds"] <= by[name]["seconds_max"]
     assert by["c-auto"]["checked_against"] == "numpy-eager" and by["c-auto"]["rel_error"] < 1e-4
     assert by["c-auto-1thread"]["threads"] == 1 and by["c-auto-1thread"]["rel_error"] < 1e-4
