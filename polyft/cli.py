@@ -1,9 +1,10 @@
-"""The `polyft` command: list workloads, inspect their ETDG / model / dependences."""
+"""The `polyft` command: list workloads, inspect their ETDG / model / dependences (or your
+own program's: `polyft inspect FILE.py:FUNCTION --spec ...`)."""
 from __future__ import annotations
 
 import argparse
-import re
 import sys
+from dataclasses import dataclass
 
 import islpy as isl
 
@@ -17,16 +18,16 @@ from polyft.schedule.schedule import make_schedule, schedule_kind, time_rows, us
 
 from .errors import PolyftError, ScheduleError
 from .interpret import bind_params
+from .loading import command_line_error, load_function, parse_specs
 from .program import analyze
 from .tracing import trace
 from .workloads import WORKLOADS, get
 
 
-def _sizes(text: str | None) -> dict:
-    if not text:
-        return {}
+def _sizes(texts: list | None) -> dict:
+    """--size N=2,L=4 --size D=3: the lengths given, from every --size."""
     out = {}
-    for item in text.split(","):
+    for item in (it for text in texts or () for it in text.split(",")):
         name, _, value = item.partition("=")
         if not value.strip().lstrip("-").isdigit():
             raise PolyftError(f"--size expects name=value,... got {item!r}", op="inspect")
@@ -41,19 +42,60 @@ def cmd_workloads(args) -> int:
     return 0
 
 
+@dataclass
+class _Subject:
+    """What `polyft inspect` looks at: a bundled workload at a preset (`module` set), or a
+    user's function with the inputs its --spec give; every view is drawn from these alone."""
+
+    name: str
+    fn: object
+    specs: tuple
+    module: object = None
+    preset: str | None = None
+
+    def lengths(self, view: str) -> dict:
+        """Concrete lengths for a view that needs them (--plot, --profile) where --size leaves
+        some out: a bundled workload's (the small preset's inputs for the picture, the preset's
+        for the profile); a user's program has none but its --size."""
+        if self.module is None:
+            return {}
+        if view == "plot":
+            return bind_params(trace(self.fn, *self.module.specs("small")), self.module.inputs("small"))
+        from polyft.experiments.deps_time import lengths
+        return lengths(self.name, self.preset)
+
+
+def _subject(args) -> _Subject:
+    """The bundled workload, or the FILE.py:FUNCTION / package.module:function, args name."""
+    if args.workload in WORKLOADS:
+        if args.spec:
+            raise command_line_error(f"--spec gives the inputs of your own function (FILE.py:FUNCTION); "
+                                     f"{args.workload}'s come from --preset")
+        mod, preset = get(args.workload), args.preset or "small"
+        return _Subject(args.workload, mod.program, mod.specs(preset), mod, preset)
+    if ":" not in args.workload:
+        raise command_line_error(f"no workload {args.workload!r}: name a bundled one ({', '.join(WORKLOADS)}) or "
+                                 "your own function as FILE.py:FUNCTION or package.module:function")
+    if args.preset:
+        raise command_line_error("--preset sizes the bundled workloads; your own program's lengths are its "
+                                 "--spec's (\"[N, L]float32[1, 8]\") and --size's (N=4)")
+    fn = load_function(args.workload)
+    return _Subject(args.workload, fn, parse_specs(fn, args.spec))
+
+
 def cmd_inspect(args) -> int:
-    mod = get(args.workload)
-    specs = mod.specs(args.preset)
+    subject = _subject(args)
+    specs = subject.specs
     sizes = _sizes(args.size)
     if args.profile or args.target != "c":
-        return _profile(mod, args, specs, sizes)
+        return _profile(subject, args, sizes)
     if args.schedule in ("auto", "original"):
         args.schedule = True  # the named schedules: both are printed
     if isinstance(args.schedule, str):
         schedule_kind(args.schedule)  # unreadable ISL: an error before any output
-    etdg = trace(mod.program, *specs)
+    etdg = trace(subject.fn, *specs)
     check_sizes(sizes, etdg.params, op="inspect --size")  # likewise unknown lengths
-    picture = _picture(mod, specs, sizes) if args.plot else None  # too many points: before output too
+    picture = _picture(subject, sizes) if args.plot else None  # too many points: before output too
     print(etdg)
     if args.dot:
         with open(args.dot, "w") as f:
@@ -66,7 +108,7 @@ def cmd_inspect(args) -> int:
         print("\nafter coarsening:\n" + str(coarsened))
     status = 0
     if args.deps or args.schedule is not None or args.storage:
-        prog = analyze(mod.program, *specs, sizes=sizes) if args.deps or args.schedule is True or args.storage \
+        prog = analyze(subject.fn, *specs, sizes=sizes) if args.deps or args.schedule is True or args.storage \
             else None
         if args.deps:
             print("\n" + prog.model.describe())
@@ -74,7 +116,7 @@ def cmd_inspect(args) -> int:
         if args.schedule is True:
             print("\n" + _schedules(prog))
         elif args.schedule is not None:  # a user's schedule: 1 when it is illegal
-            text, status = _user_schedule(mod.program, specs, args.schedule, sizes)
+            text, status = _user_schedule(subject.fn, specs, args.schedule, sizes)
             print("\n" + text)
         if args.storage:
             print("\n" + _storage(prog))
@@ -84,27 +126,36 @@ def cmd_inspect(args) -> int:
     return status
 
 
-def _profile(mod, args, specs, sizes) -> int:
+def _profile(subject, args, sizes) -> int:
     """--target cuda --profile: the GPU profile (Program.gpu_profile) at the preset's lengths,
-    overridden by --size."""
+    overridden by --size (a user's program: --size's)."""
     if not (args.profile and args.target == "cuda"):
         raise PolyftError("--profile and --target go together: `polyft inspect NAME --target cuda --profile` "
                           "(the C target has no GPU profile)", op="inspect")
-    from polyft.experiments.deps_time import lengths
-    lengths = {**lengths(args.workload, args.preset), **sizes}
-    prog = analyze(mod.program, *specs, sizes=lengths)  # as compiled for these lengths: local buffers sized
+    lengths = {**subject.lengths("profile"), **sizes}
+    _concrete(subject, lengths, "--profile")
+    prog = analyze(subject.fn, *subject.specs, sizes=lengths)  # as compiled for these lengths: local buffers sized
     profile = prog.gpu_profile(precision=args.precision)
-    print(f"{args.workload} ({args.preset}, {', '.join(f'{k}={v}' for k, v in lengths.items())}), CUDA target, "
-          f"precision {args.precision}:\n")
+    shown = ", ".join([subject.preset] * bool(subject.preset) + [f"{k}={v}" for k, v in lengths.items()])
+    print(f"{subject.name} ({shown}), CUDA target, precision {args.precision}:\n")
     print(profile)
     return 0
 
 
-def _picture(mod, specs, sizes):
-    """The schedule picture (Schedule.plot) at `sizes`, lengths not given taken from the small
-    preset's inputs (a picture needs concrete ones)."""
-    lengths = bind_params(trace(mod.program, *mod.specs("small")), mod.inputs("small"))
-    return analyze(mod.program, *specs, sizes={**lengths, **sizes}).schedule.plot()
+def _picture(subject, sizes):
+    """The schedule picture (Schedule.plot) at `sizes`, a bundled workload's lengths not given
+    taken from the small preset's inputs (a picture needs concrete ones)."""
+    lengths = {**subject.lengths("plot"), **sizes}
+    _concrete(subject, lengths, "--plot")
+    return analyze(subject.fn, *subject.specs, sizes=lengths).schedule.plot()
+
+
+def _concrete(subject, lengths: dict, view: str) -> None:
+    """A view that needs every length: an error naming the --size to give."""
+    missing = [p for p in trace(subject.fn, *subject.specs).params if p not in lengths]
+    if missing:
+        raise command_line_error(f"{view} needs concrete lengths: give --size "
+                                 f"{','.join(f'{p}=4' for p in missing)} (or other values) for {subject.name}")
 
 
 def _storage(prog) -> str:
@@ -121,7 +172,7 @@ def _storage(prog) -> str:
 def _schedules(prog) -> str:
     """Original and transformed schedules side by side, per statement, with T and bounds."""
     orig, auto, ctx = prog.original_schedule(), prog.schedule, prog.model.context
-    lines = ["schedules (original | auto):"]
+    lines = auto.coarsening.describe() + ["schedules (original | auto):"]  # which statements are which
     for name in auto.per_statement:
         lines.append(f"  {name}")
         lines.append(f"    original: {orig.per_statement[name].gist_params(ctx)}")
@@ -139,27 +190,12 @@ def _schedules(prog) -> str:
         steps = f", sequential steps {s.sequential_steps}" if s.sequential_steps is not None else \
             " (sequential steps: give concrete --size)"
         lines.append(f"  {label} time dims [{kinds}]{steps}")
-    lines += _removed(prog)
     lines.append("bands:")
     lines += [ln for ln in auto.describe(ctx).splitlines() if ln.startswith("  band")]
     if any(d.reversed for b in auto.bands for d in b.dims):
         lines.append("  (a band's T acts on its dims in execution order: a right aggregate's dim x as its "
                      "length - 1 - x; the T above, per statement, on the dims themselves)")
     return "\n".join(lines)
-
-
-def _removed(prog) -> list:
-    """Lines for the traced statements that coarsening removed or merged (so have no schedule),
-    each with the coarsening steps that name its block."""
-    kept = {st.name for st in prog.etdg.statements}
-    lines = []
-    for st in prog.traced.statements:
-        if st.name not in kept:
-            why = [e for e in prog.coarsen_log if re.search(rf"\b{st.block.name}\b", e)]
-            lines.append(f"  {st.name}: not scheduled, coarsening (§5.1) removed it: "
-                         + ("; ".join(why) or "merged into another block")
-                         + " (`--coarsen` shows the ETDG after coarsening)")
-    return lines
 
 
 def _user_schedule(fn, specs, text, sizes) -> tuple[str, int]:
@@ -212,11 +248,15 @@ def main(argv=None) -> int:
     p = sub.add_parser("workloads", help="list the paper's workloads with their type signatures")
     p.add_argument("--preset", default="small")
     p.set_defaults(run=cmd_workloads)
-    p = sub.add_parser("inspect", help="print a workload's ETDG (and its ISL model)")
-    p.add_argument("workload", choices=list(WORKLOADS), metavar="WORKLOAD",
-                   help=f"one of: {', '.join(WORKLOADS)}")
-    p.add_argument("--preset", default="small", help="size preset for the static dims (small, paper; the RNNs "
-                                                      "also middle, large)")
+    p = sub.add_parser("inspect", help="print a workload's or your own program's ETDG (and its ISL model)")
+    p.add_argument("workload", metavar="WORKLOAD",
+                   help=f"one of: {', '.join(WORKLOADS)}; or your own function: FILE.py:FUNCTION or "
+                        "package.module:function, with --spec for its inputs")
+    p.add_argument("--spec", action="append", metavar="TYPE",
+                   help="your own function's inputs, one --spec per parameter in order, as ft.spec takes them: "
+                        "\"[N, L]float32[1, 8]\" (a depth-2 list of symbolic lengths N, L), \"float32[8, 8]\"")
+    p.add_argument("--preset", help="a bundled workload's size preset for the static dims (small, the default; "
+                                    "paper; the RNNs also middle, large)")
     p.add_argument("--dot", metavar="FILE", help="also write the ETDG as Graphviz DOT")
     p.add_argument("--deps", action="store_true",
                    help="print domains, access relations, dependences and distance vectors")
@@ -229,7 +269,8 @@ def main(argv=None) -> int:
                         "parallel time dims, sequential steps, the loop nest (exit status 1 when illegal)")
     p.add_argument("--storage", action="store_true",
                    help="print the storage mapping: live accesses, contraction, placement, bytes per buffer")
-    p.add_argument("--size", metavar="N=2,L=4", help="fix symbolic lengths (concrete ISL strings)")
+    p.add_argument("--size", action="append", metavar="N=2,L=4",
+                   help="fix symbolic lengths (concrete ISL strings); repeatable: --size N=2 --size L=4")
     p.add_argument("--target", choices=["c", "cuda"], default="c", help="the target --profile describes")
     p.add_argument("--profile", action="store_true",
                    help="with --target cuda: the GPU profile at the preset's lengths (or --size): kernels with "

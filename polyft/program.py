@@ -17,6 +17,7 @@ from polyft.emit.gpu_count import count as count_traffic
 from polyft.emit.gpu_profile import profile as gpu_profile
 from polyft.emit.targets import select
 from polyft.schedule.coarsen import coarsen as coarsen_etdg
+from polyft.schedule.provenance import Coarsening
 from polyft.schedule.schedule import make_schedule, schedule_kind
 from polyft.schedule.storage import Storage, extents, storage_mapping
 
@@ -35,13 +36,15 @@ class Program:
         schedule = schedule_kind(schedule)  # a wrong schedule= fails before tracing
         self.traced = trace(fn, *args)
         self.coarsen_log: list = []
-        if coarsen if coarsen is not None else isinstance(schedule, str) and schedule == "auto":
+        coarsened = coarsen if coarsen is not None else isinstance(schedule, str) and schedule == "auto"
+        if coarsened:
             self.etdg, self.coarsen_log = coarsen_etdg(self.traced, sizes=check_sizes(sizes, self.traced.params))
         else:
             self.etdg = self.traced
         self.model = build(self.etdg, sizes)
         self.deps = dependences(self.model)
         self.schedule = make_schedule(self.model, self.deps, schedule)
+        self.schedule.coarsening = Coarsening.of(self.traced, self.etdg, self.coarsen_log, bool(coarsened))
 
     def original_schedule(self):
         return make_schedule(self.model, self.deps, "original")

@@ -24,6 +24,7 @@ from polyft.errors import ScheduleError
 from polyft.etdg import BlockNode
 
 from .hyperplanes import statement_hyperplanes
+from .provenance import Coarsening
 from .reorder import Reordering, reorder_space, show_distances
 from .steps import steps_as_run as _steps_as_run
 
@@ -91,6 +92,7 @@ class Schedule:
     sequential_steps: int | None  # steps with every parallel dim at once, for concrete sizes
     hyperplanes: dict = field(default_factory=dict)  # name -> θ map, the outermost time dim, where used
     band_steps: int | None = None  # where hyperplanes are used: the band schedule's sequential steps
+    coarsening: Coarsening | None = field(default=None, repr=False, compare=False)  # set by the Program
     model: PolyModel | None = field(default=None, repr=False, compare=False)  # for the lazy counts
     deps: Dependences | None = field(default=None, repr=False, compare=False)
     _counts: dict = field(default_factory=dict, repr=False, compare=False)
@@ -142,6 +144,8 @@ class Schedule:
     def describe(self, context=None) -> str:
         g = (lambda m: m.gist_params(context)) if context is not None else (lambda m: m)
         lines = [f"{self.kind} schedule:"]
+        if self.coarsening is not None:  # which traced statements are scheduled as which
+            lines += [f"  {ln}" for ln in self.coarsening.describe()]
         lines += [f"  {g(m)}" for m in self.per_statement.values()]
         kinds = ["par" if p else "seq" for p in self.parallel]
         lines.append(f"  time dims: [{', '.join(kinds)}]"
