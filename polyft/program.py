@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import math
 
+import islpy as isl
 import numpy as np
 import pandas as pd
 
 from polyft.deps.analyze import analyze as dependences
+from polyft.deps.isl_helpers import maps
 from polyft.deps.model import build, check_addressable, check_sizes
 from polyft.emit.c_statements import native_dtype
 from polyft.emit.c_target import CTarget, packed_weights
@@ -43,8 +45,11 @@ class Program:
             self.etdg = self.traced
         self.model = build(self.etdg, sizes)
         self.deps = dependences(self.model)
+        coarsening = Coarsening.of(self.traced, self.etdg, self.coarsen_log, bool(coarsened))
+        if not isinstance(schedule, str):  # a hand schedule: with coarsen=True, traced names are an error
+            coarsening.check_names(m.get_tuple_name(isl.dim_type.in_) for m in maps(schedule))
         self.schedule = make_schedule(self.model, self.deps, schedule)
-        self.schedule.coarsening = Coarsening.of(self.traced, self.etdg, self.coarsen_log, bool(coarsened))
+        self.schedule.coarsening = coarsening
 
     def original_schedule(self):
         return make_schedule(self.model, self.deps, "original")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from polyft.errors import ScheduleError
 from polyft.etdg import ETDG, Statement
 
 # the passes' log tags (schedule/coarsen.py) as the kinds of change they make
@@ -67,6 +68,19 @@ class Coarsening:
                 removed[st.name] = [ln for ln in log if ln.startswith(("fuse:", "dead:")) and _mentions(ln, stored)]
         return cls({st.name: instance(st) for st in traced.statements},
                    {st.name: instance(st) for st in scheduled.statements}, runs, removed, how, tuple(log), coarsened)
+
+    def check_names(self, named) -> None:
+        """A hand schedule given with coarsen=True that names traced statements coarsening
+        merged or removed: a ScheduleError saying where each went and which names to use."""
+        gone = [n for n in dict.fromkeys(named) if n in self.traced and n not in self.scheduled]
+        if not gone:
+            return
+        into = {m: self.scheduled[s] for s, ms in self.runs.items() for m in ms}
+        where = "; ".join(f"{self.traced[n]} " + (f"is part of {into[n]}" if n in into else "was removed")
+                          for n in gone)
+        raise ScheduleError(f"the schedule names traced statements that coarsening (coarsen=True) changed: {where}. "
+                            f"With coarsen=True name the coarsened statements ({', '.join(self.scheduled.values())}),"
+                            " or leave coarsen out to schedule the traced ones", op="schedule")
 
     @property
     def changed(self) -> bool:
