@@ -1,8 +1,11 @@
 """Schedule pictures (schedule/picture.py, `Schedule.plot`), checked against brute force: the
-program is run instance by instance (polyft.interpret, no ISL), and what each panel draws must be
-exactly the slice's instances (markers), its writer -> reader pairs (arrows), and the ranks of the
-instances' times (each instance's time vector from the schedule) on the schedule's sequential
-dims (colours); the wavefront's hyperplanes are lines of equal step on the "auto" panel only.
+program is run instance by instance (polyft.interpret, no ISL), and what each band panel draws
+must be exactly the slice's instances (markers), its writer -> reader pairs (arrows), and the
+ranks of the instances' times (each instance's time vector from the schedule) on the schedule's
+sequential dims (colours, and the numbers in the markers); the wavefront's hyperplanes are lines
+of equal step on the "auto" panel only. Each timeline (under a band panel) has every statement of
+the program as a row, its instances counted per step, and the dependences between statements;
+the legend names every mark, the axes say which operator's dim they are.
 
 * the stacked RNN (Figures 5/6): D·L steps as written, L + D - 1 as a wavefront, lines j + k = c;
 * the grid RNN (a 3-D band inside the batch map, sliced), flash attention (a 1-D band of three
@@ -13,6 +16,8 @@ dims (colours); the wavefront's hyperplanes are lines of equal step on the "auto
 """
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 
@@ -20,7 +25,7 @@ import polyft as ft
 from polyft import interpret
 from polyft.errors import PolyftError
 from polyft.schedule.schedule import make_schedule
-from polyft.workloads import flash_attention, grid_rnn, stacked_lstm, stacked_rnn
+from polyft.workloads import dilated_rnn, flash_attention, grid_rnn, stacked_lstm, stacked_rnn
 
 from helpers import flist, rand
 from test_schedule import brute_flow, times
@@ -35,7 +40,34 @@ def ran(etdg, inputs) -> set:
 
 
 def panels(fig) -> list:
-    return [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+    """The band panels: original, then the other schedule."""
+    return [ax for ax in fig.axes if ax.get_gid() == "band"]
+
+
+def timelines(fig) -> list:
+    return [ax for ax in fig.axes if ax.get_gid() == "timeline"]
+
+
+def legend(fig) -> list:
+    return [t.get_text() for t in fig.legends[0].get_texts()]
+
+
+def numbers(ax) -> dict:
+    """(x, y) -> the step written in the marker there."""
+    return {tuple(map(float, t.get_position())): int(t.get_text()) for t in ax.texts if t.get_gid() == "step"}
+
+
+def timeline(ax) -> tuple[dict, set]:
+    """((statement, step) -> instances written under its marker, {(statement, step) -> (statement,
+    step)} arrows), read back from the drawn timeline."""
+    rows = [t.get_text() for t in ax.get_yticklabels()]
+
+    def at(xy):
+        return rows[round(xy[1])], round(xy[0])
+    counts = {at(t.xy): int(t.get_text()) for t in ax.texts if t.get_gid() == "count"}
+    marked = {at(xy) for c in ax.collections if (c.get_gid() or "").startswith("timeline ") for xy in c.get_offsets()}
+    assert marked == set(counts)  # a count under every marker, none elsewhere
+    return counts, {(at(a.xyann), at(a.xy)) for a in ax.texts if a.get_gid() == "dependence"}
 
 
 def drawn(ax) -> dict:
@@ -89,12 +121,26 @@ def test_rnn_two_panels_titled_by_their_steps(rnn):
     xss, ws = inputs
     d, l = len(ws), len(xss[0])  # the lengths as the inputs give them
     original, auto = panels(fig)
-    assert original.get_title() == f"original: {d * l} steps"
-    assert auto.get_title() == f"auto: {l + d - 1} steps"
+    assert original.get_title() == f"original schedule: {d * l} steps in this slice"
+    assert auto.get_title() == f"auto schedule: {l + d - 1} steps in this slice"
     assert prog.schedule.sequential_steps == l + d - 1
-    for ax in (original, auto):
-        assert (ax.get_xlabel(), ax.get_ylabel()) == ("k", "j")  # time along x, the layers up
-    assert fig._suptitle.get_text() == "band b0 [i, j, k] at i = 1"
+    for ax in (original, auto):  # time along x, the layers up, named by their operators
+        assert (ax.get_xlabel(), ax.get_ylabel()) == (f"k: step of the scanl over {l}", f"j: step of the scanl over {d}")
+    assert fig._suptitle.get_text() == "band b0 [i, j, k] at i = 1 (top); every statement of the program on one " \
+                                       "time axis (bottom)"
+
+
+def test_rnn_legend_names_every_mark(rnn):
+    *_, fig = rnn
+    texts = legend(fig)
+    assert texts[0] == "S_b0 [i, j, k]"
+    for mark in ("colour, number in a marker", "arrow: flow dependence", "red line: hyperplane",
+                 "number under a marker (bottom): instances"):
+        assert sum(t.startswith(mark) for t in texts) == 1, mark
+    colourbars = [ax for ax in fig.axes if ax.get_gid() not in ("band", "timeline")]
+    assert [ax.get_ylabel() for ax in colourbars] == [f"sequential step ({k} schedule, this slice)"
+                                                      for k in ("original", "auto")]
+    assert [len(ax.get_yticks()) for ax in colourbars] == [12, L + D - 1]  # 24 steps: every other; 9: each
 
 
 def test_rnn_markers_and_colours_are_the_slice_and_its_steps(rnn):
@@ -108,6 +154,23 @@ def test_rnn_markers_and_colours_are_the_slice_and_its_steps(rnn):
         assert {xy: step for xy, (_, step, _) in got.items()} == expected
         colours = {rgba for _, _, rgba in got.values()}
         assert len(colours) == len(set(expected.values())) == schedule.sequential_steps
+        assert numbers(ax) == expected  # each marker's step written in it
+
+
+def test_rnn_timelines_count_every_instance_by_step(rnn):
+    """Under each band panel, the whole program (every i) on one axis: the instances per step and
+    the dependences between steps, as brute force gives them."""
+    prog, inputs, fig = rnn
+    original = make_schedule(prog.model, prog.deps, "original")
+    every = ran(prog.etdg, inputs)
+    for ax, schedule in zip(timelines(fig), (original, prog.schedule)):
+        step = steps(prog, schedule, every, lambda inst: inst)
+        counts, arrows_ = timeline(ax)
+        assert counts == dict(Counter((inst[0], s) for inst, s in step.items()))
+        assert arrows_ == {((a[0], step[a]), (b[0], step[b])) for a, b in brute_flow(prog.etdg, inputs)}
+        assert ax.get_title() == f"every statement, {schedule.kind} schedule: {schedule.sequential_steps} steps"
+    assert sorted(timeline(timelines(fig)[1])[0].values()) == sorted(  # j + k = c: N instances per (j, k)
+        N * sum(j + k == c for j in range(D) for k in range(L)) for c in range(L + D - 1))
 
 
 def test_rnn_arrows_are_the_flow_dependences(rnn):
@@ -184,7 +247,7 @@ def test_grid_rnn_slices_its_3d_band():
     inputs = grid_rnn.inputs("small", seed=5)
     prog = ft.analyze(grid_rnn.program, *inputs)
     fig = prog.schedule.plot(slice_at={"j": 1})
-    assert fig._suptitle.get_text().endswith("at i = 0, j = 1")
+    assert fig._suptitle.get_text().startswith("band b3 [j, k, l] at i = 0, j = 1 (top)")
     band = next(b for b in prog.schedule.bands if len(b.dims) == 3)
     mine = {(name, idx) for name, idx in ran(prog.etdg, inputs) if name in band.statements and idx[:2] == (0, 1)}
     original = make_schedule(prog.model, prog.deps, "original")
@@ -193,6 +256,11 @@ def test_grid_rnn_slices_its_3d_band():
         assert {xy: step for xy, (_, step, _) in drawn(ax).items()} == expected
         assert len(expected) == grid_rnn.PRESETS["small"]["L1"] * grid_rnn.PRESETS["small"]["L2"]
     assert hyperplanes(panels(fig)[1]) and not hyperplanes(panels(fig)[0])
+    for ax, schedule in zip(timelines(fig), (original, prog.schedule)):  # every statement, the program's steps
+        assert [t.get_text() for t in ax.get_yticklabels()] == list(prog.model.domains)
+        counts, _ = timeline(ax)
+        assert len({step for _, step in counts}) == schedule.sequential_steps  # a map beside the scan: parallel
+        assert sum(counts.values()) == len(ran(prog.etdg, inputs))
 
 
 def test_flash_attention_draws_a_1d_band_of_three_statements():
@@ -229,7 +297,7 @@ def test_a_band_without_dependences_is_one_step():
         got = drawn(ax)
         assert len(got) == 7 and {step for _, step, _ in got.values()} == {0}
         assert arrows(ax) == set() and hyperplanes(ax) == []
-        assert ax.get_title().endswith(": 1 step")
+        assert ax.get_title().endswith(": 1 step in this slice")
 
 
 def test_stacked_lstm_draws_two_statements_per_point():
@@ -238,8 +306,29 @@ def test_stacked_lstm_draws_two_statements_per_point():
     prog = ft.analyze(stacked_lstm.program, *stacked_lstm.inputs("small", seed=4))
     band = next(b for b in prog.schedule.bands if len(b.dims) == 3)
     d, l = stacked_lstm.PRESETS["small"]["D"], stacked_lstm.PRESETS["small"]["L"]
-    ax = panels(prog.schedule.plot())[1]
+    fig = prog.schedule.plot()
+    ax = panels(fig)[1]
     assert len(band.statements) == 2
     assert len(drawn(ax)) == 2 * d * l
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == band.statements
+    texts = legend(fig)
+    assert all(sum(t.startswith(f"{s} [") for t in texts) == 1 for s in band.statements)
     assert len(hyperplanes(ax)) == l + d - 1
+    shapes = {c.get_gid().split()[1]: c.get_paths()[0].vertices.shape for c in ax.collections}
+    assert shapes[band.statements[0]] != shapes[band.statements[1]]  # told apart by their markers
+
+
+def test_timeline_shows_the_dependences_between_bands():
+    """The dilated RNN: seven statements in four bands, one row each; arrows between statements of
+    different bands, every one forward in time."""
+    inputs = dilated_rnn.inputs("small", seed=6)
+    prog = ft.analyze(dilated_rnn.program, *inputs)
+    fig = prog.schedule.plot()
+    pairs = {(a[0], b[0]) for a, b in brute_flow(prog.etdg, inputs)}
+    band_of = {s: max((b for b in prog.schedule.bands if s in b.statements), key=lambda b: b.outer + len(b.dims))
+               .block.name for s in prog.model.domains}  # the innermost
+    for ax in timelines(fig):
+        assert [t.get_text() for t in ax.get_yticklabels()] == list(prog.model.domains)
+        _, drawn_arrows = timeline(ax)
+        assert {(a[0], b[0]) for a, b in drawn_arrows} == pairs
+        assert any(band_of[a[0]] != band_of[b[0]] for a, b in drawn_arrows)
+        assert all(a[1] < b[1] for a, b in drawn_arrows)
