@@ -1,0 +1,268 @@
+"""The README runs as written: every ```python block alone, in a fresh directory, in its own
+Python process; the cheap shell commands (`polyft inspect` / `polyft workloads` of a bundled
+workload, `--help`, `python -c`); and the numbers it states are the code's.
+
+Conventions the README follows (so that this test can check it):
+
+* A Python block depends only on itself: its imports, its inputs. It runs in an empty
+  temporary directory, so it may write files there.
+* `print(...)  # -> TEXT`: TEXT is what that line prints (the block's output must contain it;
+  a trailing `...` marks TEXT as the start of a longer line). Other comments are prose.
+* In a ```bash block, a command's output lines are shown below it as `#   LINE` comments
+  (three spaces; each must be a line of its output, `...` again marks a prefix), and a comment
+  naming `exit status N` says the command exits with N (else it must exit with 0).
+* `<!-- not run: WHY -->` on the line right before a fence: a block that is deliberately
+  partial. It is still compiled (a Python block) or parsed (shell), never run. Used sparingly.
+
+Shell commands that are not cheap (installing, the experiments, the test suite, the GPU
+session) are listed in EXPENSIVE with the reason; any other command makes this test fail until
+it is run here or listed there. The memory table and the figures the Memory section states in
+prose are checked against results/memory_quick.csv, which experiments/memory.py writes from
+`prog.memory()`; the CSV's paper-shape scratch is checked against `prog.memory()` itself."""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+NOT_RUN = re.compile(r"^<!-- not run: (.+) -->$")
+TIMEOUT = 300  # seconds for one block; the whole file takes about two minutes on 2 cores
+
+# shell commands shown but not run here (a command starting with the key), and why
+EXPENSIVE = {
+    "pip install": "installs packages",
+    "python -m pytest": "the test suite itself",
+    "POLYFT_EXAMPLES=": "a longer property-test search",
+    "polyft reproduce": "runs the experiments (minutes to an hour); `polyft reproduce --help` is run",
+    "python -m polyft.experiments.": "an experiment (minutes)",
+    "POLYFT_MARCH=haswell python -m polyft.experiments.": "an experiment (minutes)",
+    "POLYFT_MARCH=haswell polyft reproduce": "runs the experiments",
+    "bash scripts/": "the GPU session's scripts (network, a GPU)",
+}
+
+
+@dataclass(frozen=True)
+class Block:
+    lang: str
+    line: int  # the README line of its opening fence
+    code: str
+    not_run: str | None  # why, for a block marked `<!-- not run: ... -->`
+
+    def __str__(self):
+        return f"README.md:{self.line} ({self.lang})"
+
+
+def blocks(text: str | None = None) -> list:
+    text = README.read_text() if text is None else text
+    out = []
+    for m in re.finditer(r"^```(\w*)\n(.*?)^```$", text, re.S | re.M):
+        line = text.count("\n", 0, m.start()) + 1
+        before = text[:m.start()].rstrip("\n").rpartition("\n")[2]
+        marker = NOT_RUN.match(before.strip())
+        out.append(Block(m.group(1), line, m.group(2), marker.group(1) if marker else None))
+    return out
+
+
+def printed(code: str) -> list:
+    """What the block's `print(...)  # -> TEXT` lines say they print."""
+    out = []
+    for line in code.splitlines():
+        m = re.match(r"\s*print\(.*\)\s+# -> (.+)$", line)
+        if m:
+            out.append(m.group(1).strip())
+    return out
+
+
+def contains(output: str, expected: str) -> bool:
+    """expected appears in output; `...` at its end: as the start of something longer."""
+    return expected.removesuffix("...").rstrip() in output
+
+
+def run_python(code: str, cwd: Path) -> subprocess.CompletedProcess:
+    (cwd / "block.py").write_text(code)
+    env = {**os.environ, "MPLBACKEND": "Agg"}
+    env.pop("PYTHONPATH", None)  # as a user would: polyft as installed
+    return subprocess.run([sys.executable, "block.py"], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=TIMEOUT)
+
+
+PYTHON = [b for b in blocks() if b.lang == "python"]
+
+
+def test_the_readme_has_python_blocks_and_no_unlabelled_fence():
+    assert len(PYTHON) >= 10
+    unlabelled = [str(b) for b in blocks() if not b.lang]
+    assert not unlabelled, f"fences without a language (```python, ```bash): {unlabelled}"
+
+
+@pytest.mark.parametrize("block", PYTHON, ids=lambda b: f"line{b.line}")
+def test_python_block_runs_alone(block, tmp_path):
+    source = compile(block.code, str(block), "exec")  # a block marked not run must still be Python
+    assert source is not None
+    if block.not_run:
+        return
+    done = run_python(block.code, tmp_path)
+    assert done.returncode == 0, f"{block} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    for expected in printed(block.code):
+        assert contains(done.stdout, expected), f"{block}: printed no {expected!r}; it printed:\n{done.stdout[-3000:]}"
+
+
+# -- shell commands ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Command:
+    text: str
+    line: int
+    status: int  # the exit status the README says it has
+    output: tuple  # lines the README shows of its output
+
+    def __str__(self):
+        return f"README.md:{self.line}: {self.text}"
+
+
+def commands() -> list:
+    """Every command of the ```bash blocks (not marked not run) and every inline `polyft ...`
+    span naming a bundled workload or asking for --help."""
+    from polyft.workloads import WORKLOADS
+
+    out = []
+    for b in blocks():
+        if b.lang != "bash" or b.not_run:
+            continue
+        lines = b.code.splitlines()
+        for k, line in enumerate(lines):
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            body, _, comment = line.partition("  #")
+            shown = []
+            for after in lines[k + 1:]:
+                if not after.startswith("#   "):
+                    break
+                shown.append(after[4:].strip())
+            status = re.search(r"exit status (\d+)", comment)
+            out.append(Command(body.strip(), b.line + 1 + k, int(status.group(1)) if status else 0, tuple(shown)))
+    text = README.read_text()
+    for m in re.finditer(r"`(polyft [^`]+|python -m polyft[^`]+--help)`", text):
+        words = m.group(1).split()
+        if words[-1] == "--help" or (words[1] in ("inspect", "workloads") and
+                                     (words[1] == "workloads" or words[2:3] and words[2] in WORKLOADS)):
+            out.append(Command(m.group(1), text.count("\n", 0, m.start()) + 1, 0, ()))
+    return out
+
+
+def expensive(command: Command) -> str | None:
+    return next((why for prefix, why in EXPENSIVE.items() if command.text.startswith(prefix)), None)
+
+
+COMMANDS = commands()
+CHEAP = [c for c in COMMANDS if not expensive(c)]
+
+
+def test_every_shell_command_is_run_or_listed_as_expensive():
+    cheap_kinds = re.compile(r"^(polyft (inspect|workloads)\b|python -c |.* --help$)")
+    unclassified = [str(c) for c in CHEAP if not cheap_kinds.match(c.text)]
+    assert not unclassified, f"shell commands neither run here nor listed in EXPENSIVE: {unclassified}"
+    assert len(CHEAP) >= 10
+
+
+@pytest.mark.parametrize("command", CHEAP, ids=lambda c: f"line{c.line}")
+def test_shell_command_runs(command, tmp_path):
+    env = {**os.environ, "MPLBACKEND": "Agg"}
+    done = subprocess.run(shlex.split(command.text), cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=TIMEOUT)
+    assert done.returncode == command.status, f"{command}: exit {done.returncode}\n{done.stdout[-2000:]}\n" \
+                                              f"{done.stderr[-2000:]}"
+    assert "Traceback" not in done.stderr
+    lines = [ln.strip() for ln in done.stdout.splitlines()]
+    for expected in command.output:
+        assert any(contains(ln, expected) and ln.startswith(expected.removesuffix("...").rstrip())
+                   for ln in lines), f"{command}: no output line {expected!r}"
+
+
+# -- the numbers of the Memory section ----------------------------------------------------------
+
+MEMORY_CSV = ROOT / "results" / "memory_quick.csv"
+UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9}
+
+
+def rounds_to(shown: str, value: float) -> bool:
+    """`shown` (e.g. "12.7 MB", "1.03", "0") is `value` rounded to the digits it shows."""
+    number, _, unit = shown.strip().strip("*").partition(" ")
+    digits = len(number.partition(".")[2])
+    scale = UNITS[unit] if unit else 1
+    return abs(float(number) * scale - value) <= 0.5 * 10 ** -digits * scale * (1 + 1e-9)
+
+
+def memory_rows() -> pd.DataFrame:
+    df = pd.read_csv(MEMORY_CSV)
+    return df[df["preset"] == "paper"].set_index("workload")
+
+
+def section(title: str) -> str:
+    text = README.read_text()
+    start = text.index(f"## {title}")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end > 0 else None]
+
+
+def test_rounds_to():
+    assert rounds_to("12.7 MB", 12713984) and not rounds_to("6.4 MB", 12713984)
+    assert rounds_to("1141 MB", 1140850688) and rounds_to("**1.000**", 1.0001) and rounds_to("0", 0)
+    assert not rounds_to("1.13", 1.25)
+
+
+def test_memory_table_is_the_csv():
+    rows = memory_rows()
+    table = [ln for ln in section("Memory").splitlines() if ln.startswith("| ") and "---" not in ln]
+    header = [c.strip() for c in table[0].strip("|").split("|")]
+    assert header[:5] == ["workload, paper shape", "io", "before: total / io", "after: total / io",
+                          "a thread's scratch"]
+    seen = set()
+    for line in table[1:]:
+        name, io, before, after, scratch = [c.strip() for c in line.strip("|").split("|")][:5]
+        r = rows.loc[name]
+        for shown, value in ((io, r.io_bytes), (before, r.ratio_full), (after, r.ratio_allocated),
+                             (scratch, r.intermediate_local_bytes)):
+            assert rounds_to(shown, value), f"memory table, {name}: {shown!r} but memory_quick.csv has {value}"
+        seen.add(name)
+    assert seen == set(rows.index)
+
+
+def at_threads(r, threads: int) -> float:
+    """The C target's total over io were the scratch allocated for `threads` threads."""
+    return (r.io_bytes + r.intermediate_allocated_bytes + threads * r.intermediate_local_bytes
+            + r.packed_bytes) / r.io_bytes
+
+
+def test_memory_prose_numbers_are_the_csv():
+    text = " ".join(section("Memory").split())
+    rows = memory_rows()
+    m = re.search(r"on (\d+) threads the dilated RNN's total would be ([\d.]+)x its io at the paper shape, "
+                  r"flash attention's ([\d.]+)x", text)
+    assert m, "the Memory section's sentence on many threads moved: update this test"
+    threads = int(m.group(1))
+    assert rounds_to(m.group(2), at_threads(rows.loc["dilated_rnn"], threads))
+    assert rounds_to(m.group(3), at_threads(rows.loc["flash_attention"], threads))
+    m = re.search(r"flash attention's thread keeps the states of .*? \(([\d.]+ MB)\)", text)
+    assert m and rounds_to(m.group(1), rows.loc["flash_attention"].intermediate_local_bytes)
+
+
+def test_the_csv_scratch_is_prog_memory():
+    """memory_quick.csv's scratch per thread at the paper shape is what prog.memory() says now."""
+    import polyft as ft
+    from polyft.experiments.deps_time import lengths
+    from polyft.experiments.memory import per_thread
+    from polyft.workloads import flash_attention
+
+    prog = ft.analyze(flash_attention.program, *flash_attention.specs("paper"))
+    mem = prog.memory(lengths("flash_attention", "paper"))
+    assert per_thread(mem[mem["role"] == "intermediate"]) == memory_rows().loc["flash_attention"].intermediate_local_bytes
