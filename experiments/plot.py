@@ -4,10 +4,12 @@ fig7_quick.png), so a --paper run never reads a quick CSV nor overwrites a quick
 
 * fig2.png    Figure 2: time against depth, stacked RNN and stacked LSTM, one line per system
 * fig7.png    Figure 7: time per workload and system (bars, log scale), polyft's speedup over
-              the best baseline written above each workload; the speedups: fig7_speedup.csv
+              the best baseline written on polyft's bar, a star on that baseline's; the
+              speedups: fig7_speedup.csv
 * fig8.png    Figure 8: stacked LSTM, dilated RNN, grid RNN against depth and sequence length,
               "middle" and "large" models
-* table7.png  Table 7 (model): GB moved with deferred vs materialised views per workload (log)
+* table7.png  Table 7 (model): GB moved with deferred vs materialised views per workload (log),
+              the paper's measured ratios in a footnote
 * memory.png  memory before vs after storage contraction per workload, relative to inputs +
               outputs (log), paper shape and small shape
 * depth_scaling.csv  time(deepest) / time(depth 1) per system, from fig2 and fig8's depth
@@ -193,27 +195,38 @@ def draw_fig2(df) -> Figure:
 def draw_fig8(df) -> Figure:
     """Figure 8, one row per workload and model size: time against depth beside time against
     sequence length, the two sharing the row's y axis (one model's times, so the sweeps compare
-    by height). Both x axes are log2 because both sweeps double (depth 1-2-4-8, length 8-16-32,
+    by height). Both x axes are log2 where the sweep doubles (depth 1-2-4-8, length 8-16-32,
     grid side 4-8-16): their points sit evenly, and with the log time axis a growth like n^k is
-    a line of slope k in either panel (the linear-in-depth reference: slope 1)."""
+    a line of slope k in either panel (the linear-in-depth reference: slope 1). The dilated
+    RNN's depth adds one layer a point (its top layer's dilation doubles): a linear axis, each
+    tick naming the dilation too."""
     rows = [(w, m) for w in dict.fromkeys(df["workload"]) for m in dict.fromkeys(df["model"])]
-    height = 2.5 * len(rows) + 1.3
-    fig, axes = plt.subplots(len(rows), 2, figsize=(9, height), sharey="row", squeeze=False)
+    height = 3.0 * len(rows) + 1.3
+    fig, axes = plt.subplots(len(rows), 2, figsize=(10, height), sharey="row", squeeze=False)
     for (w, model), row in zip(rows, axes):
         for ax, panel in zip(row, ("depth", "seq_len")):
             g = df[(df["workload"] == w) & (df["model"] == model) & (df["panel"] == panel)]
             if g.empty:
                 ax.set_visible(False)
                 continue
-            _lines(ax, g, panel, log2=True)
-            swept = ["D"] if panel == "depth" else ["L", "L1", "L2"]
-            ax.set_title(f"{TITLES.get(w, w)}, {model}: {_common_shape(g, swept)}", fontsize=8.5)
-            ax.set_xlabel("stack depth (layers, log2)" if panel == "depth" else
-                          ("grid side L1 = L2 (log2)" if w == "grid_rnn" else "sequence length (log2)"), fontsize=8)
-            ax.tick_params(labelsize=7.5)
-        row[0].set_ylabel("time (ms, log)", fontsize=8)
-    fig.suptitle("Figure 8: scaling with depth and sequence length (\"middle\" and \"large\" models)",
-                 fontsize=11, y=1 - 0.1 / height)
+            dilated = w == "dilated_rnn" and panel == "depth"
+            _lines(ax, g, panel, log2=not dilated)
+            swept, axis = (["D"], "stack depth") if panel == "depth" else \
+                (["L", "L1", "L2"], "grid side" if w == "grid_rnn" else "sequence length")
+            ax.set_title(f"{TITLES.get(w, w)}, {model} model: time vs {axis}\n{_common_shape(g, swept)}", fontsize=9.5)
+            if dilated:
+                ax.set_xticklabels([f"{d:g}\n(\u00d7{2 ** (d - 1):g})" for d in ax.get_xticks()])
+                ax.set_xlabel("stack depth (layers; \u00d7: the top layer's dilation)", fontsize=9)
+            else:
+                ax.set_xlabel(f"{axis} ({'layers' if panel == 'depth' else 'steps'}, log2 scale)" if w != "grid_rnn"
+                              or panel == "depth" else "grid side L1 = L2 (cells, log2 scale)", fontsize=9)
+            ax.tick_params(labelsize=9)
+        row[0].set_ylabel("time per run (ms, log)", fontsize=9)
+        lo, hi = row[0].get_ylim()
+        if hi / lo > 10 ** 2.5:  # 1-2-5 labels would touch: decades only (the row shares its locator)
+            row[0].yaxis.set_major_locator(LogLocator(base=10, subs=(1.0,)))
+    fig.suptitle("Figure 8: scaling with depth and sequence length (\"middle\" and \"large\" models; median, "
+                 "whiskers min-max)", fontsize=11, y=1 - 0.1 / height)
     _legend(fig, axes, y=1 - 0.4 / height, ncol=5)
     _footer(fig, df)
     fig.tight_layout(rect=(0, 0.5 / height, 1, 1 - 0.6 / height))
@@ -236,73 +249,83 @@ def speedups(df) -> pd.DataFrame:
 
 
 def draw_fig7(df) -> Figure:
-    """Figure 7: bars per workload and system, one legend entry and colour per system."""
+    """Figure 7: bars per workload and system, one legend entry and colour per system; polyft's
+    speedup over the fastest baseline written on top of polyft's bar (its whisker's end: the
+    highest thing drawn for it), vertically so that it stays within the bar's width, and a star
+    on top of that baseline's bar."""
     ok = _ok(df)
     workloads = list(dict.fromkeys(df["workload"]))
     order = list(dict.fromkeys(ok["system"]))
     most = max((ok["workload"] == w).sum() for w in workloads)
     width = 0.84 / max(most, 1)
-    fig, ax = plt.subplots(figsize=(12, 5.6))
+    fig, ax = plt.subplots(figsize=(12, 6))
+    top = {}  # (workload, system) -> (x, the top of its whisker in ms)
     for i, w in enumerate(workloads):  # the systems measured for w, side by side around x = i
         g = ok[ok["workload"] == w].set_index("system").loc[[s for s in order if s in set(ok[ok["workload"] == w]["system"])]]
         for k, (system, r) in enumerate(g.iterrows()):
             color, _, _ = _style(system)
-            med = r["seconds"] * 1e3
-            ax.bar(i + (k - (len(g) - 1) / 2) * width, med, width * 0.92, color=color, label=system,
+            med, x = r["seconds"] * 1e3, i + (k - (len(g) - 1) / 2) * width
+            ax.bar(x, med, width * 0.92, color=color, label=system,
                    yerr=[[med - r["seconds_min"] * 1e3], [r["seconds_max"] * 1e3 - med]], capsize=1.5,
                    error_kw=dict(elinewidth=0.6, ecolor="black"), hatch="//" if system.endswith("original") else None,
                    edgecolor="white", lw=0.3)
+            top[w, system] = x, r["seconds_max"] * 1e3
     sp = speedups(df)
-    for i, w in enumerate(workloads):
-        row = sp[sp["workload"] == w]
-        if len(row):
-            r = row.iloc[0]
-            top = ok[ok["workload"] == w]["seconds_max"].max() * 1e3
-            ax.text(i, top * 1.5, f"{r['polyft']}\n{r['speedup']:.2f}x vs\n{r['best_baseline']}", ha="center",
-                    va="bottom", fontsize=7.5, color="darkred" if r["speedup"] >= 1 else "black")
+    for r in sp.itertuples():
+        ax.annotate(f"{r.speedup:.2f}x", top[r.workload, r.polyft], xytext=(0, 2), textcoords="offset points",
+                    rotation=90, ha="center", va="bottom", fontsize=9, gid="speedup")
+        ax.annotate("\u2605", top[r.workload, r.best_baseline], xytext=(0, 1), textcoords="offset points",
+                    ha="center", va="bottom", fontsize=9, gid="fastest baseline")
+    if len(sp):  # legend entries for the two marks (artists that draw nothing)
+        ax.plot([], [], ls="", marker="$1.5x$", ms=16, color="black",
+                label="on polyft's bar: speedup over the fastest baseline")
+        ax.plot([], [], ls="", marker="*", ms=8, color="black", label="on a bar: the fastest baseline")
     _log_y(ax)
     ax.set_xticks(range(len(workloads)))
     ax.set_xticklabels([f"{TITLES.get(w, w)}\n{_wrap(ok[ok['workload'] == w]['shape'].iloc[0], 17)}"
-                        for w in workloads], fontsize=7)
-    ax.set_ylabel("time (ms, log)")
-    ax.set_ylim(top=ok["seconds_max"].max() * 1e3 * 12)
+                        for w in workloads], fontsize=9)
+    ax.tick_params(axis="y", labelsize=9)
+    ax.set_xlabel("workload and its sizes", fontsize=9)
+    ax.set_ylabel("time per run (ms, log scale)")
+    ax.set_ylim(top=ok["seconds_max"].max() * 1e3 * 6)
     ax.grid(True, axis="y", which="major", alpha=0.3)
-    fig.suptitle("Figure 7: end-to-end time per workload and system; above each workload: polyft's speedup "
-                 "over the fastest baseline\n(eager numpy is the reference, not a baseline; <1x means the "
-                 "baseline is faster)", fontsize=10, y=0.995)
-    rows = -(-len(_legend(fig, [ax], y=0.93, ncol=7).get_texts()) // 7)  # 3 where a GPU measured all 18
+    ours = ", ".join(dict.fromkeys(sp["polyft"])) if len(sp) else "none measured"
+    fig.suptitle(f"Figure 7: end-to-end time per workload and system (median, whiskers min-max); polyft: {ours}\n"
+                 "speedup = fastest baseline's time / polyft's (eager numpy is the reference, not a baseline; "
+                 "<1x: the baseline is faster)", fontsize=10, y=0.995)
+    rows = -(-len(_legend(fig, [ax], y=0.93, ncol=5).get_texts()) // 5)
     _footer(fig, df)
-    fig.subplots_adjust(left=0.06, right=0.99, top=0.915 - 0.037 * rows, bottom=0.22)
+    fig.subplots_adjust(left=0.06, right=0.99, top=0.915 - 0.037 * rows, bottom=0.25)
     return fig
 
 
 def draw_table7(df) -> Figure:
     """Table 7's model as bars on a log axis with the GB written on every bar: the workloads span
     three orders of magnitude (b2b GEMMs' 0.017 GB beside flash attention's 6.5 GB), so at linear
-    scale the small ones would not show."""
+    scale the small ones would not show. The ratio materialised / deferred is under each
+    workload's name; the paper's measured numbers are in the footnote."""
     piv = df.pivot_table(index="workload", columns="plan", values="GB", sort=False)
-    fig, ax = plt.subplots(figsize=(9, 4.4))
+    fig, ax = plt.subplots(figsize=(9, 4.8))
     x = np.arange(len(piv))
     for k, (plan, color) in enumerate((("deferred", "tab:red"), ("materialised", "tab:gray"))):
         bars = ax.bar(x + (k - 0.5) * 0.38, piv[plan], 0.36, label=f"{plan} views", color=color)
-        ax.bar_label(bars, labels=[f"{v:.3g}" for v in piv[plan]], fontsize=6.5, padding=1)
-    for i, (w, r) in enumerate(piv.iterrows()):
-        ax.text(i, max(r) * 2.2, f"{r['materialised'] / r['deferred']:.2f}x", ha="center", va="bottom",
-                fontsize=8)
+        ax.bar_label(bars, labels=[f"{v:.3g}" for v in piv[plan]], fontsize=8, padding=1)
     ax.set_xticks(x)
-    ax.set_xticklabels([TITLES.get(w, w) + ("\n(Table 7)" if w in ("bigbird", "flash_attention") else "")
-                        for w in piv.index], fontsize=8)
+    ax.set_xticklabels([f"{TITLES.get(w, w)}{' *' if w in PAPER_DRAM else ''}\n"
+                        f"{r['materialised'] / r['deferred']:.2f}x" for w, r in piv.iterrows()], fontsize=9)
     _log_y(ax)
-    ax.set_ylabel("GB moved (model, log)")
-    ax.set_ylim(piv.values.min() * 0.3, piv.values.max() * 8)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.tick_params(axis="y", labelsize=9)
+    ax.set_ylabel("GB moved (model, log scale)")
+    ax.set_xlabel("workload; under it: GB materialised / GB deferred", fontsize=9)
+    ax.set_ylim(piv.values.min() * 0.3, piv.values.max() * 4)
+    ax.legend(fontsize=9, loc="upper left")
+    ax.set_title("Table 7 (model): GB moved with deferred vs materialised views", fontsize=11)
+    ax.grid(True, axis="y", alpha=0.3)
     paper = "; ".join(f"{TITLES[w]}: " + ", ".join(f"{k} {v / d['FractalTensor']:.2f}x" for k, v in d.items()
                                                    if k != "FractalTensor") for w, d in PAPER_DRAM.items())
-    ax.set_title("Table 7 (model): GB moved with deferred vs materialised views, paper shapes, on each bar; ratio "
-                 "materialised / deferred\nabove each workload (ideal cache, float32). The paper's measured "
-                 "A100 DRAM bytes relative to FractalTensor:\n" + paper, fontsize=8.5)
-    ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
+    fig.text(0.01, 0.01, "Paper shapes, ideal cache, float32. * in the paper's Table 7: A100 DRAM bytes measured, "
+             "relative to FractalTensor:\n" + paper, fontsize=8, va="bottom", ha="left", color="dimgray")
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     return fig
 
 
@@ -316,36 +339,36 @@ def _bytes(n) -> str:
 
 def draw_memory(df) -> Figure:
     """Per workload, total bytes (inputs + outputs + intermediates) with one element per
-    instance and as contracted, relative to inputs + outputs (log), one panel per shape."""
+    instance and as contracted, relative to inputs + outputs (log), one panel per shape; the
+    two ratios under each workload's name, clear of the reference lines at 1x, 1.1x and 1.5x."""
     shapes = [p for p in ("paper", "small") if (df["preset"] == p).any()]
     shapes += [p for p in dict.fromkeys(df["preset"]) if p not in shapes]
-    fig, axes = plt.subplots(1, len(shapes), figsize=(6.4 * len(shapes), 4.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(shapes), figsize=(8 * len(shapes), 4.9), squeeze=False)
     top = max(df["ratio_full"].max(), df["ratio_allocated"].max())
     for ax, shape in zip(axes[0], shapes):
         g = df[df["preset"] == shape].reset_index(drop=True)
         x = np.arange(len(g))
         ax.bar(x - 0.2, g["ratio_full"], 0.38, color="tab:gray", label="one element per instance (before)")
         ax.bar(x + 0.2, g["ratio_allocated"], 0.38, color="tab:red", label="contracted, local buffers in each thread's scratch (after)")
-        for i, r in g.iterrows():
-            ax.text(i, max(r["ratio_full"], r["ratio_allocated"]) * 1.12,
-                    f"{r['ratio_full']:.2f}x\n-> {r['ratio_allocated']:.2f}x", ha="center", va="bottom", fontsize=7)
-        for level, ls in ((1.0, "-"), (1.1, ":"), (1.5, "--")):
-            ax.axhline(level, color="black", ls=ls, lw=0.7, alpha=0.6)
+        for level, ls, what in ((1.0, "-", "1x: inputs + outputs only"), (1.1, ":", "1.1x"), (1.5, "--", "1.5x")):
+            ax.axhline(level, color="black", ls=ls, lw=0.7, alpha=0.6, label=what)
         ax.set_yscale("log")
         ax.set_ylim(0.8, top * 3)
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
         ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set_xticks(x)
-        ax.set_xticklabels([f"{TITLES.get(w, w)}\nio {_bytes(b)}" for w, b in zip(g["workload"], g["io_bytes"])],
-                           fontsize=7)
+        ax.set_xticklabels([f"{TITLES.get(r.workload, r.workload)}\nio {_bytes(r.io_bytes)}\n"
+                            f"{r.ratio_full:.2f}x \u2192 {r.ratio_allocated:.2f}x" for r in g.itertuples()], fontsize=8)
+        ax.tick_params(axis="y", labelsize=9)
         ax.set_ylabel("total bytes / (inputs + outputs), log")
-        ax.set_title(f"{shape} shape", fontsize=9.5)
+        ax.set_title(f"{shape} shape", fontsize=10)
         ax.grid(True, axis="y", which="major", alpha=0.3)
-    axes[0][0].legend(fontsize=7.5, loc="upper left")
+    axes[0][-1].legend(fontsize=8, loc="upper right")
     threads = ", ".join(str(t) for t in sorted(set(df["threads"]))) if "threads" in df else "?"
     fig.suptitle("Memory before and after storage contraction (auto schedule): total allocated bytes relative "
-                 f"to inputs + outputs\n(C target, {threads} threads' scratch); lines at 1x, 1.1x (dotted) and 1.5x "
-                 "(dashed)", fontsize=10)
+                 f"to inputs + outputs\n(C target, {threads} threads' scratch); under each workload: its inputs + "
+                 "outputs (io) and the ratios before \u2192 after", fontsize=10)
     fig.text(0.01, 0.005, f"{', '.join(sorted(set(df['device'].astype(str))))}; commit "
              f"{', '.join(sorted(set(df['commit'].astype(str))))}; static analysis (prog.memory), nothing executed",
              fontsize=6.5, va="bottom", ha="left", color="dimgray")

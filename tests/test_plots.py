@@ -1,6 +1,7 @@
 """experiments/plot.py from small hand-made CSVs: what each figure shows (one legend entry and
-colour per system, fig8's axes, table7's small bars) and which files run() reads and writes
-(preset-tagged names, only the named artefacts' plots)."""
+colour per system, fig7's speedups on top of polyft's bars, fig8's axes and readable ticks,
+table7's small bars and short title, memory's ratios clear of its reference lines) and which
+files run() reads and writes (preset-tagged names, only the named artefacts' plots)."""
 import os
 from collections import Counter
 
@@ -37,13 +38,12 @@ def _fig2():
                          for d in (1, 4, 8)])
 
 
-def _fig8():
+def _fig8(workload="stacked_lstm", depths=(1, 2, 4)):
     rows = []
     for model, scale in (("middle", 1.0), ("large", 30.0)):
         for s in ("c-auto", "torch-nn-lstm"):
-            rows += [_timing("stacked_lstm", s, scale * d, model=model, panel="depth", depth=d, seq_len=8)
-                     for d in (1, 2, 4)]
-            rows += [_timing("stacked_lstm", s, scale * n / 4, model=model, panel="seq_len", depth=2, seq_len=n)
+            rows += [_timing(workload, s, scale * d, model=model, panel="depth", depth=d, seq_len=8) for d in depths]
+            rows += [_timing(workload, s, scale * n / 4, model=model, panel="seq_len", depth=2, seq_len=n)
                      for n in (8, 16, 32)]
     return pd.DataFrame(rows)
 
@@ -52,6 +52,16 @@ def _table7():
     return pd.DataFrame([dict(workload=w, plan=p, GB=gb) for w, d, m in (
         ("b2b_gemm", 0.0169, 0.0169), ("flash_attention", 6.47, 6.47), ("bigbird", 1.01, 2.15))
         for p, gb in (("deferred", d), ("materialised", m))])
+
+
+def _memory():
+    """Two workloads at two shapes, ratios on and between the reference lines (1x, 1.1x, 1.5x)."""
+    return pd.DataFrame([dict(workload=w, preset=p, ratio_full=full, ratio_allocated=alloc, io_bytes=io, threads=2,
+                              device="cpu", commit="abc")
+                         for w, p, full, alloc, io in (("stacked_rnn", "paper", 1.0, 1.03, 1.14e9),
+                                                       ("flash_attention", "paper", 22.83, 1.01, 3.22e9),
+                                                       ("stacked_rnn", "small", 1.0, 1.0, 2050),
+                                                       ("flash_attention", "small", 1.5, 1.1, 5120))])
 
 
 def _write(out_dir, preset="quick", **frames):
@@ -82,7 +92,9 @@ def test_fig7_one_legend_entry_and_colour_per_system(close_figures):
     fig = plot.draw_fig7(df)
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     measured = set(df.loc[df["status"] == "ok", "system"])
-    assert len(labels) == len(measured) and set(labels) == measured  # the absent triton: in the note only
+    marks = ["on polyft's bar: speedup over the fastest baseline", "on a bar: the fastest baseline"]
+    assert labels[-2:] == marks  # the marks on the bars explained, after the systems
+    assert len(labels[:-2]) == len(measured) and set(labels[:-2]) == measured  # the absent triton: in the note only
     colours = _colours(fig)
     assert set(colours) == measured
     assert len(set(colours.values())) == len(measured)
@@ -95,6 +107,39 @@ def test_same_system_same_colour_in_every_figure(close_figures):
     assert c2["c-auto"] == c7["c-auto"] == c8["c-auto"]
     assert c2["torch-cell-loop"] == c7["torch-cell-loop"]
     assert c8["torch-nn-lstm"] not in (c8["c-auto"], c7["torch-cell-loop"])
+
+
+def _bar_tops(ax) -> dict:
+    """system -> [(x centre, top of its whisker in data units)] of its bars, left to right."""
+    out = {}
+    for c in ax.containers:
+        if isinstance(c, BarContainer):
+            for seg in c.errorbar.lines[2][0].get_segments():
+                out.setdefault(c.get_label(), []).append((seg[0][0], max(seg[0][1], seg[1][1])))
+    return out
+
+
+def test_fig7_speedups_sit_on_polyfts_bars(close_figures):
+    """Each speedup just above polyft's (c-auto's) bar, within its width; a star on the fastest
+    baseline's bar; units on the axes; all labels one colour."""
+    fig = plot.draw_fig7(_fig7())
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    labels = [t for t in ax.texts if t.get_gid() == "speedup"]
+    stars = [t for t in ax.texts if t.get_gid() == "fastest baseline"]
+    assert [t.get_text() for t in labels] == ["4.00x", "1.50x", "3.00x"]  # stacked RNN, flash attention, BigBird
+    tops = _bar_tops(ax)
+    for texts, system_tops in ((labels, tops["c-auto"]),
+                               (stars, tops["torch-cell-loop"] + tops["torch-sdpa"] + tops["torch-blocked"])):
+        for t in texts:
+            x, y = ax.transData.transform(min(system_tops, key=lambda xy: abs(xy[0] - t.xy[0])))
+            box = t.get_window_extent()
+            assert 0 <= box.y0 - y <= 4 and box.x0 <= x <= box.x1  # points above the whisker's end
+        assert len(texts) == 3
+    bar_width = ax.transData.transform((0.84 / 4, 0))[0] - ax.transData.transform((0, 0))[0]
+    assert all(t.get_window_extent().width < bar_width for t in labels)  # vertical: within the bar
+    assert len({t.get_color() for t in labels}) == 1
+    assert "ms" in ax.get_ylabel() and ax.get_xlabel()
 
 
 def test_unknown_systems_get_distinct_stable_styles():
@@ -116,6 +161,31 @@ def test_fig8_rows_share_y_and_both_sweeps_have_one_x_scale(close_figures):
     middle, large = rows[0][0], rows[1][0]
     assert "middle" in middle.get_title() and "large" in large.get_title()
     assert not middle.get_shared_y_axes().joined(middle, large)  # 30x apart: each row its own y
+    for depth_ax, length_ax in rows.values():  # the workload and the axis in every title
+        assert depth_ax.get_title().startswith("stacked LSTM") and "time vs stack depth" in depth_ax.get_title()
+        assert "time vs sequence length" in length_ax.get_title()
+
+
+def test_fig8_ticks_readable(close_figures):
+    fig = plot.draw_fig8(_fig8())
+    fig.canvas.draw()
+    for ax in fig.axes:
+        ticks = [t for t in ax.get_xticklabels() + ax.get_yticklabels() if t.get_text()]
+        assert ticks and min(t.get_fontsize() for t in ticks) >= 9
+        assert ax.xaxis.label.get_fontsize() >= 9
+
+
+def test_fig8_dilated_rnn_depth_ticked_at_its_layers_and_dilations(close_figures):
+    """The dilated RNN adds one layer a point (1, 2, 3, 4): a linear axis whose ticks give the
+    layers and the top layer's dilation (1, 2, 4, 8); its length sweep stays log2."""
+    fig = plot.draw_fig8(_fig8("dilated_rnn", depths=(1, 2, 3, 4)))
+    depth_ax, length_ax = fig.axes[:2]
+    assert depth_ax.get_xscale() == "linear" and length_ax.get_xscale() == "log"
+    assert list(depth_ax.get_xticks()) == [1, 2, 3, 4]
+    assert [t.get_text() for t in depth_ax.get_xticklabels()] == ["1\n(\u00d71)", "2\n(\u00d72)", "3\n(\u00d74)",
+                                                                  "4\n(\u00d78)"]
+    assert "dilation" in depth_ax.get_xlabel()
+    assert [t.get_text() for t in length_ax.get_xticklabels()] == ["8", "16", "32"]
 
 
 def test_table7_log_axis_and_every_bar_labelled(close_figures):
@@ -131,6 +201,31 @@ def test_table7_log_axis_and_every_bar_labelled(close_figures):
     lowest = min(bars, key=lambda p: p.get_height())
     _, top = ax.transAxes.inverted().transform(ax.transData.transform((0, lowest.get_height())))
     assert top > 0.1  # the b2b bar rises visibly above the axis
+
+
+def test_table7_short_title_ratios_under_names_paper_in_footnote(close_figures):
+    fig = plot.draw_table7(_table7())
+    ax = fig.axes[0]
+    assert "\n" not in ax.get_title() and "Triton" not in ax.get_title()
+    names = [t.get_text() for t in ax.get_xticklabels()]
+    assert names == ["b2b GEMMs\n1.00x", "flash attention *\n1.00x", "BigBird *\n2.13x"]
+    footnote = " ".join(t.get_text() for t in fig.texts)
+    assert "Triton 2.28x" in footnote and "FlashAttention-2 1.04x" in footnote
+
+
+def test_memory_ratios_clear_of_the_reference_lines(close_figures):
+    fig = plot.draw_memory(_memory())
+    fig.canvas.draw()
+    paper, small = fig.axes
+    assert [t.get_text().splitlines()[-1] for t in paper.get_xticklabels()] == ["1.00x \u2192 1.03x",
+                                                                                "22.83x \u2192 1.01x"]
+    legend = [t.get_text() for t in small.get_legend().get_texts()]
+    assert legend[:3] == ["1x: inputs + outputs only", "1.1x", "1.5x"]
+    for ax in (paper, small):
+        lines = [ax.transData.transform((0, level))[1] for level in (1.0, 1.1, 1.5)]
+        for t in ax.texts + ax.get_xticklabels():
+            box = t.get_window_extent()
+            assert not any(box.y0 <= y <= box.y1 for y in lines), t.get_text()
 
 
 def test_run_reads_and_writes_tagged_names(tmp_path, capsys):
