@@ -527,7 +527,7 @@ def summary(out_dir: str = "results", preset: str = "quick", artefacts=None) -> 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    preset_args(ap)
+    preset_args(ap, out="results")  # redraws the CSVs where they are
     ap.add_argument("artefacts", nargs="*", metavar="ARTEFACT", help="redraw only what these artefacts' CSVs "
                     f"make (default: everything); of {', '.join(ARTEFACTS)}")
     args = ap.parse_args(argv)

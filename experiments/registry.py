@@ -96,14 +96,15 @@ ARTEFACTS = {
 PLOTS = {
     "fig2.png": "Figure 2: time (log) against stack depth, one line per system, stacked RNN and stacked LSTM.",
     "fig7.png": "Figure 7: time (log) per workload and system as bars, with polyft's speedup over the best "
-                "baseline written above each workload.",
+                "baseline written on polyft's bar and a star on that baseline's.",
     "fig7_speedup.csv": "The speedups annotated in fig7_<preset>.png: polyft's time against the fastest baseline per "
                         "workload.",
     "fig8.png": "Figure 8: time (log) against depth and against sequence length for three RNNs, two model "
                 "sizes.",
-    "table7.png": "Table 7 (model): GB moved with deferred vs materialised views per workload, with the ratio.",
+    "table7.png": "Table 7 (model): GB moved with deferred vs materialised views per workload, with the ratio "
+                  "under each name and the paper's measured ratios in a footnote.",
     "memory.png": "Memory before vs after storage contraction: total bytes relative to inputs + outputs (log) per "
-                  "workload, with the ratios written above, paper shape and small shape.",
+                  "workload, with the ratios under each name, paper shape and small shape.",
     "compile_time.png": "Seconds per stage of ft.compile against each family's size (log-log), with the total's "
                         "fitted growth exponent.",
     "depth_scaling.csv": "time(deepest) / time(depth 1) per system from fig2 and fig8 (linear growth would "
