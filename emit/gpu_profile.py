@@ -311,7 +311,7 @@ def _traffic(model, layout, on_chip: set, batched: dict, sizes: dict, l2_bytes: 
         placement = "shared" if b.name in on_chip else "global"
         if placement == "shared":
             dram = 0
-        elif b.kind in ("input", "const", "index"):
+        elif b.kind in ("input", "const", "index", "lengths"):
             dram = distinct_read
         elif b.kind == "output":
             dram = distinct_written

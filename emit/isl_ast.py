@@ -242,13 +242,14 @@ def upper_bound(node) -> tuple:
     return None, None
 
 
-def tileable_loops(node: isl.AstNode, parallel: list, size, benefit) -> dict:
+def tileable_loops(node: isl.AstNode, parallel: list, size, benefit, allowed=None) -> dict:
     """Loops to run a tile at a time: loop -> tile size (`size([(statement, argument
     position)])` of the statements under the loop). A candidate is a parallel loop (unit
     stride, a plain upper bound) under which every statement gets the loop's iterator as a
     plain argument and no bound or guard uses it; on each path at most one is chosen, the
     one whose statements gain most (`benefit(statement, argument position)`, e.g. the work of
-    matmuls whose right matrix the tile shares), the innermost among equals.
+    matmuls whose right matrix the tile shares), the innermost among equals; never one where
+    `allowed(statement, argument position)` says no.
     A parallel loop carries no dependence, so running its body for a tile of iterations
     statement by statement (and sinking it below inner loops) keeps every dependence."""
     def calls(n):
@@ -279,7 +280,7 @@ def tileable_loops(node: isl.AstNode, parallel: list, size, benefit) -> dict:
             return chosen, gain
         here = calls(body)
         if not all(args.count(it) == 1 and not any(it in names(a) for a in args if a != it)
-                   for _, args in here):
+                   and (allowed is None or allowed(name, args.index(it))) for name, args in here):
             return chosen, gain
         mine = sum(benefit(name, args.index(it)) for name, args in here)
         if mine > gain or not chosen:

@@ -96,7 +96,7 @@ class Buffer:
         self.dims = [Length.of(d) for d in dims]
         self.element_shape = tuple(element_shape)
         self.dtype = dtype
-        self.kind = kind  # "input", "const", "intermediate", "output", "index"
+        self.kind = kind  # "input", "const", "intermediate", "output", "index", "lengths" (a ragged input's)
         self.value = value  # numpy data of a const / index buffer
         self.created_in = tuple(created_in)  # IterDims of the creating context (a prefix of dims)
         self.alias_of: Buffer | None = None
@@ -319,8 +319,9 @@ def shared_matmuls(ops, d) -> list:
 
 
 def reads(node) -> set:
-    """The buffer nodes (resolved) that the sub-graph's loads read, gathers' index buffers included."""
-    out = set()
+    """The buffer nodes (resolved) that the sub-graph's loads read, gathers' index buffers included,
+    and the lengths of its ragged dims (read by each instance's guard)."""
+    out = {d.extent.lengths.resolve() for b in blocks(node) for d in b.dims if getattr(d.extent, "lengths", None)}
     for op in ops(node):
         if op.op == "load":
             for pc in op.pieces:

@@ -245,6 +245,35 @@ class FractalTensor(ListBase):
             raise DTypeError(f"elements of different dtypes {sorted(dtypes)}", op="from_list")
         return _wrap_nest(nest, depth, shapes.pop(), dtypes.pop() if dtypes else "float32")
 
+    @classmethod
+    def from_padded(cls, arr, lengths) -> "FractalTensor":
+        """A ragged list from a padded array and the lengths of its last list level (as
+        torch's pack_padded_sequence takes a batch): `lengths.shape` are the regular levels
+        above, `arr.shape[lengths.ndim]` the longest, the rest the element shape. Elements are
+        read-only views of arr (no copy)."""
+        arr, lens = _read_only(np.asarray(arr)), np.asarray(lengths)
+        check_dtype(arr.dtype, "from_padded")
+        if not np.issubdtype(lens.dtype, np.integer) and lens.size:
+            raise DTypeError(f"lengths must be integers, got {lens.dtype}", op="from_padded")
+        nd = lens.ndim
+        if arr.ndim <= nd or arr.shape[:nd] != lens.shape:
+            raise ShapeError(f"lengths of shape {list(lens.shape)} do not lead the array's shape {list(arr.shape)} "
+                             "(one length per list of the last level, then the padded level)", op="from_padded")
+        width = arr.shape[nd]
+        bad = (lens < 0) | (lens > width)
+        if bad.any():
+            k = tuple(int(v) for v in np.argwhere(bad)[0])
+            raise RaggedError(f"length {int(lens[k])} at {list(k)} is outside [0, {width}] (the padded level of the "
+                              f"array {list(arr.shape)})", op="from_padded")
+
+        def build(prefix):
+            if len(prefix) == nd:
+                return cls([arr[prefix + (j,)] for j in range(int(lens[prefix]))], 1, arr.shape[nd + 1:],
+                           arr.dtype.name)
+            return cls([build(prefix + (i,)) for i in range(arr.shape[len(prefix)])], nd + 1 - len(prefix),
+                       arr.shape[nd + 1:], arr.dtype.name)
+        return build(())
+
     # -- inspection ----------------------------------------------------------------------
     def __len__(self):
         return len(self._items)

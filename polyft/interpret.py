@@ -16,6 +16,7 @@ from .errors import InputDepthError, InputError, PolyftError
 from .etdg import ETDG, Gather
 from .fractaltensor import FractalTensor
 from .primitives import PRIMITIVES
+from .ragged import Ragged, unpack
 
 
 def bind_params(etdg: ETDG, args) -> dict:
@@ -134,5 +135,8 @@ def assemble_outputs(etdg, storage):
     for b in etdg.outputs:
         b = b.resolve()
         arr = storage[b]
-        flat.append(FractalTensor.from_numpy(arr, b.depth) if b.depth else arr)
+        if any(isinstance(n, Ragged) for n in b.dims):  # lengths read from the call's buffers of them
+            flat.append(unpack(arr, b.dims, b.element_shape, b.dtype, {k.name: a for k, a in storage.items()}))
+        else:
+            flat.append(FractalTensor.from_numpy(arr, b.depth) if b.depth else arr)
     return pytree.unflatten(pytree.structure(etdg.out_tree), flat)

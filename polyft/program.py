@@ -26,6 +26,7 @@ from polyft.schedule.storage import Storage, extents, storage_mapping
 from .errors import InputError, OutOfMemoryError, PolyftError
 from .fractaltensor import FractalTensor
 from .interpret import assemble_outputs, bind_params
+from .ragged import Ragged, check_lengths, lengths_of, padded, used_elements
 from .tracing import trace
 
 
@@ -62,7 +63,7 @@ class Program:
             self._storage = storage_mapping(self.model, self.schedule, True)
         return self._storage
 
-    def memory(self, sizes: dict | None = None) -> pd.DataFrame:
+    def memory(self, sizes: dict | None = None, lengths: dict | None = None) -> pd.DataFrame:
         """One row per buffer: role, full_bytes (one element per instance), allocated_bytes
         (what is stored in memory shared by all threads), local_bytes (what one thread keeps
         in its own scratch), packed_bytes (the packed copy of a large shared matrix a call
@@ -70,8 +71,12 @@ class Program:
         never live at once and share a place in the scratch, which holds the largest of them;
         -1 for others) and the ISL mapping element -> cell. A local buffer is counted as the C
         target keeps it: per thread, for its `local_batch(buffer)`. `sizes` gives the lengths
-        the program was not built with (none for programs from concrete inputs)."""
+        the program was not built with (none for programs from concrete inputs).
+        padded_cells counts a buffer's elements (one per instance of the bounding domain: a ragged
+        level at its bound), used_cells those within the ragged lengths (`lengths`: {input name:
+        array of lengths}; by default the latest call's, else a concrete example's)."""
         env = _lengths(self.model, sizes)
+        used = self._ragged_lengths(lengths)
         width_of = {name: self.local_batch(s.buffer) for name, s in self.storage.buffers.items()}
         widths = {name: w for name, w in width_of.items() if w}
         region = {name: j for j, group in enumerate(self.storage.regions(widths)) for name in group}
@@ -82,14 +87,31 @@ class Program:
             elem = math.prod(buf.element_shape) * native_dtype(buf.dtype).itemsize  # as stored; exact ints
             cells = math.prod(extents(s.cell_dims(width), env, buf.dims)) * elem
             mapping = s.mapping if width is None else s.local[width][1]
+            padded_cells = math.prod(extents(buf.dims, env))
+            ragged = any(isinstance(n, Ragged) for n in buf.dims)
             rows.append(dict(buffer=buf.name, role=ROLES[buf.kind],
-                             full_bytes=math.prod(extents(buf.dims, env)) * elem,
+                             full_bytes=padded_cells * elem,
                              allocated_bytes=0 if width else cells, local_bytes=cells if width else 0,
                              packed_bytes=cells if buf.name in self.packed else 0,
                              placement="local" if width else "global", region=region.get(buf.name, -1),
                              mapping=str(mapping.gist_params(self.model.context)) if mapping is not None
-                             else "identity"))
+                             else "identity", padded_cells=padded_cells,
+                             used_cells=(used_elements(buf.dims, used, env) if used is not None else None)
+                             if ragged else padded_cells))
         return pd.DataFrame(rows)
+
+    def _ragged_lengths(self, given) -> dict | None:
+        """{lengths buffer name: array} of the ragged inputs: `given` ({input name: lengths}), else
+        the latest call's, else the traced example's; None where some are unknown."""
+        out = {}
+        for r in getattr(self.traced, "ragged", ()):
+            lens = (given or {}).get(r.name)
+            lens = np.asarray(lens, dtype=np.int64) if lens is not None else \
+                getattr(self, "_called_lengths", {}).get(r.lengths.name, r.example)
+            if lens is None:
+                return None
+            out[r.lengths.name] = lens
+        return out
 
     def local_batch(self, buf):
         """The storage.Batch a thread's scratch for `buf` holds in the C target's code (how
@@ -247,6 +269,7 @@ class CompiledProgram(Program):
         if len(inputs) != len(self.etdg.inputs):
             raise InputError(f"expected {len(self.etdg.inputs)} inputs "
                              f"({', '.join(n for n, _ in self.etdg.inputs)}), got {len(inputs)}", op="call")
+        inputs, lengths = self._ragged(inputs)
         params = bind_params(self.etdg, inputs)
         for p, v in self.model.sizes.items():
             if params.get(p, v) != v:
@@ -265,12 +288,55 @@ class CompiledProgram(Program):
         for check in getattr(self.traced, "index_checks", ()):  # ids given now, for a gather
             check.check(storage[dict(self.etdg.inputs)[check.ids]], params, InputError)
         for b in self.layout.buffers:
+            if b.name in lengths:
+                storage[b] = np.ascontiguousarray(lengths[b.name], dtype=native_dtype(b.dtype))
+        self._called_lengths = lengths
+        for b in self.layout.buffers:
             if b not in storage:
                 if b.kind in ("const", "index"):
                     storage[b] = np.ascontiguousarray(b.value, dtype=native_dtype(b.dtype))
                 else:
                     storage[b] = _allocate(b, self.layout.shape(b, params))
         return params, storage
+
+
+    def _ragged(self, inputs: tuple) -> tuple:
+        """The inputs with each ragged list as its padded array (its level as long as the bound),
+        and {buffer name: lengths (and lengths - 1)} for the guards; a ragged list where the program
+        was compiled for a regular one, or lengths the program cannot run, are InputErrors."""
+        ragged = {r.name: r for r in getattr(self.traced, "ragged", ())}
+        for (name, buf), arg in zip(self.etdg.inputs, inputs):
+            if name not in ragged and isinstance(arg, FractalTensor) and buf is not None and not arg.is_regular:
+                raise InputError(f"input {name} is the ragged list {arg.type_string}, but the program was compiled for "
+                                 f"the regular {buf.type}: compile it with a ragged example or a spec such as "
+                                 f"'[N, <=L]{buf.dtype}[...]'", op="call")
+        if not ragged:
+            return inputs, {}
+        regular = bind_params(_Inputs([(n, None if n in ragged else b) for n, b in self.etdg.inputs]), inputs)
+        known = {**regular, **self.model.sizes}
+        out, lengths = list(inputs), {}
+        for k, ((name, buf), arg) in enumerate(zip(self.etdg.inputs, inputs)):
+            r = ragged.get(name)
+            if r is None:
+                continue
+            if not isinstance(arg, FractalTensor) or arg.depth != buf.depth:
+                got = arg.type_string if isinstance(arg, FractalTensor) else \
+                    f"{type(arg).__name__} {list(np.shape(arg))}"
+                raise InputError(f"input {name} was compiled as the ragged list {buf.type} and takes a FractalTensor of "
+                                 f"depth {buf.depth} (FractalTensor.from_list), got {got}", op="call")
+            lens = lengths_of(arg, r.level)
+            bound = r.bound.evaluate(known) if r.bound.params <= known.keys() else int(lens.max(initial=0))
+            check_lengths(r, lens, bound)
+            out[k] = padded(arg, r.level, lens, bound)
+            lengths[r.lengths.name], lengths[r.last.name] = lens, lens - 1
+        return tuple(out), lengths
+
+
+class _Inputs:
+    """The inputs of an ETDG, for bind_params on some of them (the others None)."""
+
+    def __init__(self, inputs):
+        self.inputs, self.assumptions = inputs, []
 
 
 def _allocate(b, shape) -> np.ndarray:
@@ -305,7 +371,8 @@ def compile(fn, *inputs_or_specs, target="c", schedule="auto", sizes=None, coars
     return CompiledProgram(fn, inputs_or_specs, schedule, sizes, target, coarsen, precision, contract)
 
 
-ROLES = {"input": "input", "output": "output", "intermediate": "intermediate", "const": "const", "index": "const"}
+ROLES = {"input": "input", "output": "output", "intermediate": "intermediate", "const": "const", "index": "const",
+         "lengths": "lengths"}
 
 
 def _lengths(model, sizes, op: str = "memory") -> dict:

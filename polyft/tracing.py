@@ -30,6 +30,8 @@ from .etdg import (ETDG, Assumption, BlockNode, Buffer, Captured, Gather, IndexC
 from .fractaltensor import (FractalTensor, ListBase, Zip, describe_operand, gather_indices, unzip,
                            window_args)
 from .primitives import PRIMITIVES, newaxis_shape, permutation, reshaped
+from .ragged import Ragged, RaggedInput, from_coordinates, lengths_of, ragged_length, to_coordinates
+from .ragged import text as length_text
 from .types import DTYPES, Spec
 
 _DIM_LETTERS = "ijklmnpqrsuvw"
@@ -52,6 +54,7 @@ class _TraceState:
         self.captured: dict = {}  # id -> etdg.Captured: the user's numpy arrays held as constants
         self.index_checks: list = []  # etdg.IndexCheck: ids given at call time, range-checked then
         self.const_buffers: dict = {}  # id of a constant array -> (its buffer, the array: kept alive)
+        self.ragged: list = []  # ragged.RaggedInput: inputs whose last level's lengths are given at call time
 
     def capture(self, a) -> None:
         """Remember a user's numpy array the program holds as a constant (its content hash)."""
@@ -62,8 +65,10 @@ class _TraceState:
         """Record that the program needs `expr >= 0` (or d | expr) for its symbolic lengths."""
         self.assumptions.append(Assumption(expr, kind, d, f"{op} at {errors.user_location()}"))
 
-    def new_buffer(self, dims, shape, dtype, kind="intermediate", value=None, name=None, created_in=()):
-        """`created_in`: the dims of the context in which the buffer is one list value."""
+    def new_buffer(self, dims, shape, dtype, kind="intermediate", value=None, name=None, created_in=(), order=()):
+        """`created_in`: the dims of the context in which the buffer is one list value; `order`: the
+        dims/placeholders its coordinates stand for (where a ragged dim's lengths are read)."""
+        dims = [to_coordinates(n, order) for n in dims]
         if name is None:
             if kind == "const":
                 name = f"c{self.n_const}"
@@ -431,7 +436,7 @@ def _pieces_of(v: Value) -> list:
     buf = st.materialized.get(v)
     ctx = v.block.context()
     if buf is None:
-        buf = st.new_buffer([d.extent for d in ctx], v.shape, v.dtype)
+        buf = st.new_buffer([d.extent for d in ctx], v.shape, v.dtype, order=ctx)
         body = v.block.body
         body.insert(body.index(v.node) + 1,
                     OpNode("store", [v.node], v.shape, v.dtype, buffer=buf,
@@ -488,13 +493,14 @@ class FTTracer(ListBase):
 
     @property
     def type_string(self):
-        return f"[{', '.join(str(n) for n in self.lengths)}]{self._dtype}[{', '.join(map(str, self._element_shape))}]"
+        return f"[{', '.join(map(length_text, self.lengths))}]{self._dtype}[{', '.join(map(str, self._element_shape))}]"
 
     def __repr__(self):
         return f"FTTracer({self.type_string})"
 
     def _concrete_len(self, op) -> int:
         n = self.lengths[0]
+        ragged_length(n, op)
         if not n.is_concrete:
             raise TracerControlFlowError(
                 f"the length {n} of {self.type_string} is symbolic; {op} needs a concrete length "
@@ -513,6 +519,7 @@ class FTTracer(ListBase):
 
     def _reindex(self, env, lengths, places, extra=()) -> "FTTracer":
         pieces = [pc.substitute(env) for pc in self.pieces]
+        lengths = [n.substitute_dims(env) if isinstance(n, Ragged) else n for n in lengths]
         if extra:
             pieces = [pc.restrict(extra) if pc is not None else None for pc in pieces]
         out = FTTracer(lengths, places, pieces, self._element_shape, self._dtype)
@@ -530,6 +537,7 @@ class FTTracer(ListBase):
         if isinstance(key, (int, np.integer)):
             k = int(key)
             n = self.lengths[0]
+            ragged_length(n, f"xs[{k}]")
             if n.is_concrete and not -n.const <= k < n.const:
                 raise IndexRangeError(f"index {k} out of range for a list of length {n} ({self.type_string})",
                                       op="getitem")
@@ -548,6 +556,7 @@ class FTTracer(ListBase):
         if step == 0:
             raise WindowError("slice step cannot be zero", op="slice")
         n = self.lengths[0]
+        ragged_length(n, "a slice (or shift, reverse)")
         if n.is_concrete:
             start, stop, step = s.indices(n.const)
             length = Length.of(len(range(start, stop, step)))
@@ -582,6 +591,10 @@ class FTTracer(ListBase):
         size, stride, lo, hi, dilation = window_args(size, stride, padding, dilation)
         span = (size - 1) * dilation + 1
         n = self.lengths[0]
+        ragged_length(n, "window")
+        if lo or hi:
+            for m in self.lengths[1:]:
+                ragged_length(m, "a padded window over the lists")
         if n.is_concrete and span > n.const + lo + hi:
             raise WindowError(f"window of size {size}{f' dilated by {dilation}' if dilation > 1 else ''} is larger "
                               f"than the list of length {n}" + (f" padded by {lo}+{hi}" if lo or hi else "")
@@ -605,6 +618,7 @@ class FTTracer(ListBase):
 
     def strided_split(self, d: int):
         n = self.lengths[0]
+        ragged_length(n, "strided_split")
         if n.is_concrete and n.const % d:
             raise WindowError(f"strided_split({d}) needs a length divisible by {d}, got {n}", op="strided_split")
         if not n.is_concrete and d > 1:
@@ -616,6 +630,7 @@ class FTTracer(ListBase):
     def split(self, size: int):
         size = int(size)
         n = self.lengths[0]
+        ragged_length(n, "split")
         if size < 1 or (n.is_concrete and n.const % size):
             raise WindowError(f"chunks of {size} do not divide the list {self.type_string}", op="split")
         if not n.is_concrete and size > 1:
@@ -629,6 +644,7 @@ class FTTracer(ListBase):
         if self.depth < 2:
             raise DepthError(f"flatten needs a list of depth >= 2, got {self.type_string}", op="flatten")
         inner = self.lengths[1]
+        ragged_length(inner, "flatten")
         if not inner.is_concrete:
             raise AccessError(f"the inner length {inner} is symbolic, and t // {inner} is not quasi-affine; "
                               f"flatten a list whose inner length is concrete ({self.type_string})", op="flatten")
@@ -639,6 +655,8 @@ class FTTracer(ListBase):
     def _permute_lists(self, perm: tuple):
         """A view: its lengths and placeholders reordered, the pieces unchanged."""
         k = len(perm)
+        for n in self.lengths:
+            ragged_length(n, "transpose")
         return FTTracer([self.lengths[a] for a in perm] + self.lengths[k:], [self.places[a] for a in perm]
                         + self.places[k:], self.pieces, self._element_shape, self._dtype)
 
@@ -647,6 +665,7 @@ class FTTracer(ListBase):
             raise DepthError(f"strided_merge needs a list of depth >= 2, got {self.type_string}",
                              op="strided_merge")
         d = self.lengths[0]
+        ragged_length(self.lengths[1], "strided_merge")
         if not d.is_concrete:
             raise AccessError(f"strided_merge over a symbolic outer length {d} is not quasi-affine",
                               op="strided_merge")
@@ -660,6 +679,8 @@ class FTTracer(ListBase):
         return self._reindex(env, [merged] + self.lengths[2:], [t] + self.places[2:])
 
     def gather(self, indices):
+        for n in self.lengths:
+            ragged_length(n, "gather")
         if isinstance(indices, FTTracer):
             return self._runtime_gather(indices)
         _state().capture(indices)
@@ -747,8 +768,8 @@ def _substitute_gather(pc: Piece, place, q, idx, index_buffer) -> Piece:
 
 def _const_list(ft: FractalTensor) -> FTTracer:
     if not ft.is_regular:
-        raise RaggedError(f"a ragged list {ft.type_string} cannot be traced: polyhedral domains are "
-                          "rectangular; pad it", op="trace")
+        raise RaggedError(f"a ragged list {ft.type_string} captured as a constant cannot be traced (a ragged "
+                          "list's lengths are call-time data): pass it to the program as an input", op="trace")
     arr = ft.to_numpy()
     st = _state()
     b = st.new_buffer(list(arr.shape[:ft.depth]), ft.element_shape, ft.dtype, "const", arr)
@@ -756,8 +777,8 @@ def _const_list(ft: FractalTensor) -> FTTracer:
 
 
 def _identity_view(b: Buffer, ctx) -> FTTracer:
-    own = b.dims[len(ctx):]
-    places = [IterDim("_", 0) for _ in own]
+    places = [IterDim("_", 0) for _ in b.dims[len(ctx):]]
+    own = [from_coordinates(n, list(ctx) + places) for n in b.dims[len(ctx):]]
     index = tuple(Aff.of(d) for d in ctx) + tuple(Aff.of(p) for p in places)
     return FTTracer(own, places, [Piece((), b, index)], b.element_shape, b.dtype)
 
@@ -831,24 +852,48 @@ def _traced_fold(op: str, f, srcs, n: Length, init):
     if init is None and not n.is_concrete:
         _state().assume(n - 1, f"{op} without init")
     state0, views, extent = _aggregate(op, f, srcs, n, init)
-    last = Aff.of(0) if op in _RIGHT else Aff.of(extent - 1)
-    some, none = ge(Aff.of(extent), 1), eq(Aff.of(extent), 0)
+    if isinstance(extent, Ragged):  # the state after each element's last step: a gather at its length - 1
+        _ragged_input(extent).minimum = 1
+        _ragged_input(extent).why = f"{op} at {errors.user_location()} needs a last step"
+        some = none = None
+    else:
+        last = Aff.of(0) if op in _RIGHT else Aff.of(extent - 1)
+        some, none = ge(Aff.of(extent), 1), eq(Aff.of(extent), 0)
     results = []
     for v, leaf in zip(views, pytree.leaves(state0)):
-        got = v._bind(last)
+        got = _bind_last(v, extent) if some is None else v._bind(last)
         if isinstance(got, Value):
             pieces = _pieces_of(got)
         else:  # a list state: its pieces must use the result's places (the init leaf's)
             pieces = [pc.substitute({g: Aff.of(p) for g, p in zip(got.places, leaf.places)})
                       for pc in got.pieces]
-        pieces = [pc.restrict((some,)) for pc in pieces]
-        pieces += _state_pieces(leaf, none) if not (extent.is_concrete and extent.const > 0) else []
+        if some is not None:
+            pieces = [pc.restrict((some,)) for pc in pieces]
+            pieces += _state_pieces(leaf, none) if not (extent.is_concrete and extent.const > 0) else []
         pieces = [p for p in pieces if p is not None]
         if isinstance(leaf, Value):
             results.append(_load(pieces, leaf.shape, leaf.dtype))
         else:
             results.append(FTTracer(leaf.lengths, leaf.places, pieces, leaf.element_shape, leaf.dtype))
     return pytree.unflatten(pytree.structure(state0), results)
+
+
+def _ragged_input(n: Ragged) -> RaggedInput:
+    """The input whose lengths the ragged length `n` reads."""
+    return next(r for r in _state().ragged if r.lengths is n.lengths)
+
+
+def _bind_last(view: FTTracer, n: Ragged):
+    """The element of `view` (a carry buffer's identity view) at each element's last position
+    `lengths[at] - 1`: an indirect index into the buffer of lengths - 1 (a may-read of the whole
+    dim in the model, as a runtime gather's)."""
+    q = view.places[0]
+    last = Gather(n.at[-1], n.last, n.at[:-1])
+    pieces = [Piece(pc.conds, pc.buffer, tuple(last if _is_place(ix, q) else ix for ix in pc.index), pc.const)
+              for pc in view.pieces]
+    if view.depth == 1:
+        return _load(pieces, view.element_shape, view.dtype)
+    return FTTracer(view.lengths[1:], view.places[1:], pieces, view.element_shape, view.dtype)
 
 
 def _aggregate(op: str, f, srcs, n: Length, init):
@@ -858,6 +903,10 @@ def _aggregate(op: str, f, srcs, n: Length, init):
     dim has one step fewer, none for an empty list (Table 1: a scan of [] is []).
     Returns (the initial state, a view of each state leaf's carry buffer, the dim's extent)."""
     right = op in _RIGHT
+    if isinstance(n, Ragged) and (right or init is None):
+        raise RaggedError(f"{op}{'' if right else ' without init'} over a ragged level {n.text} is not supported "
+                          f"compiled (its first step would depend on the element's length); use "
+                          f"{'scanl / foldl' if right else op} with init, or run eagerly", op=op)
     extent = n if init is not None else (n - 1).clamp0()
     t = _iter_dim(op, extent)
     skip = 1 if init is None and not right else 0  # the element that is the initial state
@@ -957,7 +1006,7 @@ def _write_leaf(leaf, ctx, target: Buffer | None, op):
     if isinstance(leaf, Value):
         if target is None:
             target = st.new_buffer([d.extent for d in ctx], leaf.shape, leaf.dtype,
-                                   created_in=tuple(ctx[:-1]))
+                                   created_in=tuple(ctx[:-1]), order=ctx)
         st.emit(OpNode("store", [_use(leaf)], leaf.shape, leaf.dtype, buffer=target,
                        index=tuple(Aff.of(d) for d in ctx)))
         return target
@@ -1001,8 +1050,9 @@ def _carry_buffer(leaf, ctx) -> Buffer:
     """The scan output buffer, one state per iteration (array expansion of the carry)."""
     own = leaf.lengths if isinstance(leaf, FTTracer) else []
     shape = leaf.element_shape if isinstance(leaf, FTTracer) else leaf.shape
+    places = leaf.places if isinstance(leaf, FTTracer) else []
     return _state().new_buffer([d.extent for d in ctx] + list(own), shape, leaf.dtype,
-                               created_in=tuple(ctx[:-1]))
+                               created_in=tuple(ctx[:-1]), order=list(ctx) + list(places))
 
 
 def _state_view(leaf, buf: Buffer, ctx_out, prev: Aff, first: Constraint, later: Constraint):
@@ -1060,12 +1110,15 @@ def _input(st, name, arg):
         if math.prod(arg.element_shape) * np.dtype(arg.dtype).itemsize > 2 ** 63 - 1:
             raise errors.SpecError(f"input {name} {arg.type}: one element would pass 2**63 bytes, more than any array holds",
                                    op="trace")
-        b = Buffer(name, list(arg.type.lengths), arg.element_shape, arg.dtype, "input")
+        b = Buffer(name, _ragged_dims(st, name, list(arg.type.lengths)), arg.element_shape, arg.dtype, "input")
     elif isinstance(arg, FractalTensor):
-        if not arg.is_regular:
-            raise RaggedError(f"input {name} is ragged ({arg.type_string}); polyhedral domains are "
-                              "rectangular: pad it, or run eagerly", op="trace")
-        b = Buffer(name, list(arg.ftype.lengths), arg.element_shape, arg.dtype, "input")
+        if arg.is_regular:
+            b = Buffer(name, list(arg.ftype.lengths), arg.element_shape, arg.dtype, "input")
+        else:
+            level = arg.depth - 1
+            lens = lengths_of(arg, level)  # RaggedError unless only the last level is ragged
+            dims = [Length.of(n) for n in lens.shape] + [Ragged(int(lens.max(initial=0)))]
+            b = Buffer(name, _ragged_dims(st, name, dims, lens), arg.element_shape, arg.dtype, "input")
     elif isinstance(arg, np.ndarray):
         _traceable_dtype(arg, f"input {name}")
         b = Buffer(name, [], arg.shape, arg.dtype.name, "input")
@@ -1075,6 +1128,20 @@ def _input(st, name, arg):
     if b.depth == 0:
         return b, _load([Piece((), b, ())], b.element_shape, b.dtype)
     return b, _identity_view(b, ())
+
+
+def _ragged_dims(st, name, dims, example=None) -> list:
+    """An input's dims with its ragged last level (if any) reading its lengths from a buffer given
+    at call time, `{name}_len` (and `{name}_last`, the lengths - 1, where folds end)."""
+    if not dims or not isinstance(dims[-1], Ragged):
+        return dims
+    n = dims[-1]
+    outer = dims[:-1]
+    lens = st.new_buffer(outer, (), "int64", "lengths", name=f"{name}_len")
+    last = st.new_buffer(outer, (), "int64", "lengths", name=f"{name}_last")
+    st.ragged.append(RaggedInput(name, len(outer), n.bound, lens, last, example=example))
+    at = [Aff.of(IterDim(f"e{r}", 0, "coord")) for r in range(len(outer))]
+    return outer + [Ragged(n.bound, lens, at, last)]
 
 
 def trace(fn, *args) -> ETDG:
@@ -1123,6 +1190,7 @@ def trace(fn, *args) -> ETDG:
         etdg.assumptions = list(dict.fromkeys(st.assumptions))  # in order, without repeats
         etdg.captured = list(st.captured.values())
         etdg.index_checks = list(dict.fromkeys(st.index_checks))
+        etdg.ragged = st.ragged
         return etdg
     finally:
         _TRACING.state = None

@@ -14,6 +14,8 @@ import numpy as np
 
 from .affine import Length
 from .errors import SpecError
+from .ragged import Ragged
+from .ragged import text as length_text
 
 DTYPES = {"float32": np.float32, "float64": np.float64, "float16": np.float16,
           "int32": np.int32, "int64": np.int64}
@@ -36,7 +38,7 @@ class FTType:
         return len(self.lengths)
 
     def __str__(self):
-        prog = f"[{', '.join(str(n) for n in self.lengths)}]" if self.lengths else ""
+        prog = f"[{', '.join(length_text(n) for n in self.lengths)}]" if self.lengths else ""
         return f"{prog}{self.dtype}[{', '.join(str(s) for s in self.element_shape)}]"
 
     @property
@@ -66,9 +68,17 @@ def parse_type(text: str) -> FTType:
             tok = tok.strip()
             if not tok:
                 raise SpecError(f"an empty programmable length in {text!r}", op="spec")
-            lengths.append(Length.of(int(tok)) if tok.isdigit() else Length.of(tok))
+            ragged = tok.startswith("<=")  # `<=L`: a ragged level, each element at most L long
+            if ragged and not lengths:
+                raise SpecError(f"the outermost list level cannot be ragged (its length is one number): {text!r}",
+                                op="spec")
+            tok = tok[2:].strip() if ragged else tok
+            n = Length.of(int(tok)) if tok.isdigit() else Length.of(tok)
+            lengths.append(Ragged(n) if ragged else n)
         if not lengths:
             raise SpecError(f"a FractalTensor type needs at least one programmable length: {text!r}", op="spec")
+        if any(isinstance(n, Ragged) for n in lengths[:-1]):
+            raise SpecError(f"only the last list level may be ragged (`<=L`): {text!r}", op="spec")
     static = []
     for tok in m.group("static").split(",") if m.group("static").strip() else ():  # `int64[]`: scalars
         tok = tok.strip()

@@ -46,6 +46,7 @@ from polyft.deps.model import build
 from polyft.errors import PolyftError, ScheduleError
 from polyft.etdg import (ETDG, BlockNode, Gather, OpNode, Piece, Statement, blocks, depends_on, drop_dead_ops,
                          merge_perfect_nests, ops, reads, referenced, set_body, shared_matmuls, writes)
+from polyft.ragged import Ragged
 
 # ---------------------------------------------------------------------------------------
 # Table 3
@@ -173,7 +174,12 @@ class _Work:
 
 
 def _substitute(node, env: dict):
-    """Rename/replace iteration dims in every access (pieces, conditions, store indices)."""
+    """Rename/replace iteration dims in every access (pieces, conditions, store indices) and in
+    the ragged extents of the dims below (where each instance's guard reads its length)."""
+    for b in blocks(node):
+        for d in b.dims:
+            if isinstance(d.extent, Ragged):
+                d.extent = d.extent.substitute_dims(env)
     for op in ops(node):
         if op.op == "load":
             op.pieces = [q for q in (_subst_piece(pc, env) for pc in op.pieces) if q is not None]
@@ -628,7 +634,7 @@ def _depthwise_ok(block: BlockNode, x: int, ops) -> str | None:
     a, b = block.dims[x], block.dims[x + 1]
     if a.op != b.op or a.op not in ops:
         return None
-    if not b.extent.is_concrete or b.extent.const < 1:
+    if not b.extent.is_concrete or b.extent.const < 1 or isinstance(a.extent, Ragged) or isinstance(b.extent, Ragged):
         return None
     if _mentions_in_conds(block, (a, b)) or _splits_a_shared_matmul(block, a, b):
         return None

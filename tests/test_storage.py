@@ -609,7 +609,7 @@ def test_workload_compiled_contracted_equals_eager(name, schedule, target):
             assert err < TOL, f"contract={contract}: relative error {err:.2e}"
         mem = prog.memory()
         assert list(mem.columns) == ["buffer", "role", "full_bytes", "allocated_bytes", "local_bytes", "packed_bytes",
-                                     "placement", "region", "mapping"]
+                                     "placement", "region", "mapping", "padded_cells", "used_cells"]
         assert (mem.allocated_bytes + mem.local_bytes <= mem.full_bytes).all()
         rows = mem.set_index("buffer")
         for b in prog.layout.buffers:  # what the program allocates is what memory() reports

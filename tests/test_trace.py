@@ -837,11 +837,13 @@ def test_len_of_a_concrete_traced_list_is_fine():
     check_traced(lambda xs: xs.map(lambda x: x * float(len(xs))), (xs,))
 
 
-def test_ragged_input_to_trace():
+def test_ragged_constant_in_trace():
+    """A ragged input traces (its lengths are call-time data: tests/test_ragged.py); a ragged list
+    the program holds as a constant has no call to give them."""
     ragged = ft.FractalTensor.from_list([[rand((2,), 1)], [rand((2,), 2), rand((2,), 3)]])
     with pytest.raises(errors.RaggedError) as info:
-        ft.trace(lambda xss: xss.map(lambda xs: xs.map(lambda x: x)), ragged)  # ragged-here
-    check_error(info, "trace", "ragged-here", "[2, *]float32[2]")
+        ft.trace(lambda xs: ft.map(lambda x, ys: ys.map(lambda y: y + x), xs, ragged), flist([2], (2,), 4))  # ragged-here
+    check_error(info, "trace", "ragged-here", "[2, *]float32[2]", "as an input")
 
 
 @pytest.mark.parametrize("op", ["scanl", "scanr"])
