@@ -64,8 +64,9 @@ class _Entry:
 class Tape:
     """The operations of one run of a function (the program, or one body of a compute operator)."""
 
-    def __init__(self, replay=None):
+    def __init__(self, replay=None, checkpoint=None):
         self.entries: list[_Entry] = []
+        self.checkpoint = checkpoint  # k: scans keep every k-th state (None: all); body tapes inherit it
         self.n_compute = 0  # compute operators recorded so far (their index in a replay plan)
         self.replay = replay  # (plan, saved result leaves) while a body is run again in a backward
 
@@ -398,11 +399,18 @@ def _wrap_input(x, tape, k):
                                "FractalTensors or numpy arrays (close over other arguments)", op="vjp")
 
 
-def vjp(fn, *inputs):
+def vjp(fn, *inputs, checkpoint=None):
     """`(outputs, pullback)`: fn run on `inputs` (recorded), and `pullback(cotangents)` -> one gradient
     per input (a tuple). The pullback computes with polyft operators only, so `ft.compile(pullback,
-    *cotangent specs)` compiles the backward pass (the forward's results are its constants)."""
-    tape = Tape()
+    *cotangent specs)` compiles the backward pass (the forward's results are its constants).
+    `checkpoint=k`: every scan whose length is a multiple of k (and longer) keeps every k-th state
+    only; the backward recomputes each segment of k steps from its checkpoint (less memory, one more
+    forward's worth of element math)."""
+    if checkpoint is not None and (isinstance(checkpoint, bool) or not isinstance(checkpoint, (int, np.integer))
+                                   or checkpoint < 2):
+        raise DifferentiationError(f"checkpoint must be an int >= 2 (keep every k-th state of a scan) or None, got "
+                                   f"{checkpoint!r}", op="vjp")
+    tape = Tape(checkpoint=None if checkpoint is None else int(checkpoint))
     with _Pushed(tape):
         ad_inputs = [_wrap_input(x, tape, k) for k, x in enumerate(inputs)]
         result = unzip(fn(*ad_inputs))
@@ -437,10 +445,11 @@ def _grad_of(acc, a):
     return zeros_like(a.primal) if ct is None else ct
 
 
-def grad(fn, argnums=0):
+def grad(fn, argnums=0, checkpoint=None):
     """The function `(*inputs) -> gradient(s)` of fn's scalar output with respect to the inputs named
     by argnums (an int: one gradient; a tuple: a tuple). It is a polyft program too: eager on numpy,
-    compiled by `ft.compile(ft.grad(fn), *specs)` (forward and backward in one program)."""
+    compiled by `ft.compile(ft.grad(fn), *specs)` (forward and backward in one program). `checkpoint`
+    as for `vjp`."""
     nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
 
     def grad_fn(*inputs):
@@ -455,7 +464,7 @@ def grad(fn, argnums=0):
                 full[k] = x
             return fn(*full)
 
-        out, pullback = vjp(partial, *[inputs[k] for k in wanted])
+        out, pullback = vjp(partial, *[inputs[k] for k in wanted], checkpoint=checkpoint)
         leaves = pytree.leaves(unzip(out))
         if len(leaves) != 1 or _is_list(leaves[0]) or tuple(leaves[0].shape) not in ((), (1,), (1, 1)):
             raise DifferentiationError(f"grad needs a function with one scalar output, got {describe_tree(out)}; use "

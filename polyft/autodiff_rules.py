@@ -8,14 +8,15 @@ the body's vjp and reversed scans (`scanr`) over the states the forward scan sav
 """
 from __future__ import annotations
 
+import functools
 import types
 
 import numpy as np
 
 from . import elementmath as em
 from . import pytree
-from .autodiff import (_FLOATS, DifferentiationError, Tape, _is_list, _Pushed, add, ft_aggregate, ft_map, is_ad, primal,
-                       recording, scale, tracing_now, wrap, zeros_like)
+from .autodiff import (_FLOATS, DifferentiationError, Tape, _is_list, _Pushed, _traceable, add, ft_aggregate, ft_map,
+                       is_ad, primal, recording, scale, tracing_now, wrap, zeros_like)
 from .fractaltensor import FractalTensor, ListBase, Zip, is_traced, unzip, window_args
 from .primitives import getitem_axes, normalize_axis
 from .recording import HANDLERS
@@ -365,20 +366,20 @@ def _wrap_result(p, tape):
     return pytree.map(lambda v: wrap(v, tape) if _is_float(v) else v, p)
 
 
-def _run_body(call, args, diff, replay=None):
+def _run_body(call, args, diff, replay=None, checkpoint=None):
     """`call(*stand-ins)` on a fresh tape: args wrapped where `diff`; (tape, stand-ins, result)."""
-    tape = Tape(replay)
+    tape = Tape(replay, checkpoint)
     with _Pushed(tape):
         ad = [wrap(a, tape) if d else a for a, d in zip(args, diff)]
         result = unzip(call(*ad))
     return tape, ad, result
 
 
-def _body_vjp(call, args, diff, saved, cts, plan):
+def _body_vjp(call, args, diff, saved, cts, plan, checkpoint=None):
     """The body's vjp at `args`: (the cotangent of every differentiated arg, zeros for none, and
     the [stand-in, cotangent] pairs of the values it captured). Compute operators whose result is
     the body's take it from `saved` (the enclosing operator's saved output) instead of rerunning."""
-    tape, ad, result = _run_body(call, args, diff, (plan, saved))
+    tape, ad, result = _run_body(call, args, diff, (plan, saved), checkpoint)
     with _Pushed(None):
         acc = tape.backward(pytree.leaves(result), cts)
         grads = [_ct_or_zero(acc.pop(id(a), [None, None])[1], a.primal) for a, d in zip(ad, diff) if d]
@@ -478,7 +479,7 @@ def _map(f, lists):
         return f(*_regroup(lists, a))
 
     def body(*elems):
-        t, _, result = _run_body(call, _flatten(elems, lists), diff)
+        t, _, result = _run_body(call, _flatten(elems, lists), diff, checkpoint=tape.checkpoint)
         plan_box[:] = [t.plan_for(result)]
         return primal(result)
 
@@ -503,7 +504,7 @@ def _map(f, lists):
             cts = [None] * no
             for j, c in zip(present, es[nf + no:]):
                 cts[j] = c
-            grads, caps = _body_vjp(call, es[:nf], diff, list(es[nf:nf + no]), cts, plan)
+            grads, caps = _body_vjp(call, es[:nf], diff, list(es[nf:nf + no]), cts, plan, tape.checkpoint)
             return (*grads, *_captured_cts(caps, captured, "map"))
 
         with _Pushed(None):
@@ -565,18 +566,31 @@ def _known_zero(p) -> bool:
     return const is not None and not isinstance(p, ListBase) and not np.asarray(const).any()
 
 
+def _checkpoint_every(k, xs):
+    """k when this scan keeps every k-th state and recomputes the rest (`ft.vjp(..., checkpoint=k)`):
+    its length is known, longer than k and a multiple of it; None when it stores every state."""
+    n = xs.length
+    n = n if isinstance(n, int) else n.const if n.is_concrete else None
+    if k is None or n is None or n <= k or n % k or (isinstance(xs, Zip) and xs.depth != 1):
+        return None
+    return k
+
+
 def _scan(f, xs, init, fold: bool):
     """scanl (fold: foldl) with init; its backward is one reversed scan over the steps. The scanr's
     state is the cotangent flowing into the previous state, the step's element cotangents and the
     running sum of the captured values' cotangents; each step reads the saved states around it
     (`states.window(2, padding=(1, 0))`: the previous one, the init at step 0), so nothing of the
-    forward is recomputed and the backward of a stack of scans is a reversed wavefront."""
+    forward is recomputed and the backward of a stack of scans is a reversed wavefront. Under
+    checkpointing (`tape.checkpoint`) only every k-th state is saved (a fold computes no others)
+    and the backward runs segment by segment, recomputing each one's states (`_reverse_segments`)."""
     if _empty(xs):  # a fold of no element is its init; a scan of none is [] (no gradient flows)
         if fold:
             return init
         with _Pushed(None):
             return _wrap_result(ft_aggregate("scanl", lambda s, x: s, primal(xs), primal(init)), recording())
     tape = recording()
+    k = _checkpoint_every(tape.checkpoint, xs)
     comps = _components(xs)
     xdiff = [is_ad(c) for c in comps]
     init_leaves = pytree.leaves(init)
@@ -594,47 +608,63 @@ def _scan(f, xs, init, fold: bool):
         return f(pytree.unflatten(state_structure, a[:ns]), _regroup((xs,), a[ns:])[0])
 
     def body(s, x):
-        t, _, result = _run_body(call, [*pytree.leaves(s), *_flatten((x,), (xs,))], [True] * ns + xdiff)
+        t, _, result = _run_body(call, [*pytree.leaves(s), *_flatten((x,), (xs,))], [True] * ns + xdiff,
+                                 checkpoint=tape.checkpoint)
         plan_box[:] = [t.plan_for(result)]
         return primal(result)
+
+    def run_segments(s, seg):
+        return ft_aggregate("foldl", body, seg, s)
 
     states, plan = _planned(tape)
     if states is None or fold:
         with _Pushed(None):
-            states = ft_aggregate("scanl", body, primal(xs), pytree.unflatten(state_structure, init_p))
+            init_tree = pytree.unflatten(state_structure, init_p)
+            states = ft_aggregate("scanl", run_segments, primal(xs).split(k), init_tree) if k and fold else \
+                ft_aggregate("scanl", body, primal(xs), init_tree)  # under checkpointing a fold's are the checkpoints
         plan = plan_box[0] if plan_box else (plan or [])
     with _Pushed(None):
         out_p = pytree.map(lambda v: v[-1], states) if fold else states
+        saved = pytree.leaves(states if fold or not k else pytree.map(lambda v: v[k - 1::k], states))
     out = _wrap_result(out_p, tape)
-    s_leaves = pytree.leaves(states)
     comps_p = [primal(c) for c in comps]
     nc, nx = len(comps), sum(xdiff)
-    at_init = [not _known_zero(v) for v in init_p]  # leaves whose step-0 previous state is not the window's zero
+
+    def reverse(present, comps_l, state_leaves, first, ct_lists, carry0):
+        """The reversed scan over the steps of `comps_l` whose states are `state_leaves`, the state before
+        the first step being `first`, with the cotangents `ct_lists` of the states `present`: the scanr's
+        result, one carry per step."""
+        at_first = [not _known_zero(v) for v in first]  # leaves whose step-0 previous state is not the window's zero
+
+        def step(e, carry):  # carry: the flat tuple (state cotangents, element cotangents, captured sums)
+            g, acc = carry[:ns], carry[ns + nx:]
+            x, windows = e[:nc], e[nc:nc + ns]
+            firsts, ct_e = (e[nc + ns], e[nc + ns + 1:]) if any(at_first) else (None, e[nc + ns:])
+            prev = [_select_list(1.0 - firsts[0], v, w[0]) if need else w[0]
+                    for w, v, need in zip(windows, first, at_first)]
+            total = list(g)
+            for j, c in zip(present, ct_e):
+                total[j] = add(total[j], c)
+            grads, caps = _body_vjp(call, [*prev, *x], [True] * ns + xdiff, [w[1] for w in windows], total, plan,
+                                    tape.checkpoint)
+            return (*grads, *[add(a, c) for a, c in zip(acc, _captured_cts(caps, captured, "scanl"))])
+
+        # traced lists, so that a window is a view of the saved states, not an eager copy of twice their size
+        windows = [_traceable(v).window(2, 1, (1, 0)) for v in state_leaves]
+        firsts = [_first_indicator(comps_l[0])] if any(at_first) else []
+        return ft_aggregate("scanr", step, Zip([*comps_l, *windows, *firsts, *ct_lists]), carry0)
 
     def backward(couts):
         cts = [None] * ns if fold else list(couts)
         final = [_ct_or_zero(c, v) for c, v in zip(couts if fold else [None] * ns, init_p)]
         present = [j for j, c in enumerate(cts) if c is not None]
-
-        def step(e, carry):  # carry: the flat tuple (state cotangents, element cotangents, captured sums)
-            g, acc = carry[:ns], carry[ns + nx:]
-            x, windows = e[:nc], e[nc:nc + ns]
-            firsts, ct_e = (e[nc + ns], e[nc + ns + 1:]) if any(at_init) else (None, e[nc + ns:])
-            prev = [_select_list(1.0 - firsts[0], v, w[0]) if need else w[0]
-                    for w, v, need in zip(windows, init_p, at_init)]
-            total = list(g)
-            for j, c in zip(present, ct_e):
-                total[j] = add(total[j], c)
-            grads, caps = _body_vjp(call, [*prev, *x], [True] * ns + xdiff, [w[1] for w in windows], total, plan)
-            return (*grads, *[add(a, c) for a, c in zip(acc, _captured_cts(caps, captured, "scanl"))])
-
         with _Pushed(None):
-            windows = [v.window(2, 1, (1, 0)) for v in s_leaves]
-            firsts = [ft_map(lambda _: np.ones((), np.dtype(str(comps_p[0].dtype))), comps_p[0])
-                      .window(2, 1, (1, 0))] if any(at_init) else []
             carry0 = (*final, *[zeros_like(c[0]) for c, d in zip(comps_p, xdiff) if d],
                       *[zeros_like(c.primal) for c in captured])
-            res = ft_aggregate("scanr", step, Zip([*comps_p, *windows, *firsts, *[cts[j] for j in present]]), carry0)
+            ct_lists = [cts[j] for j in present]
+            res = _reverse_segments(functools.partial(reverse, present), body, comps_p, saved, init_p, state_structure,
+                                    ct_lists, carry0, k, nx) if k else reverse(present, comps_p, saved, init_p, ct_lists,
+                                                                           carry0)
             g_prev, g_xs, g_caps = res[:ns], res[ns:ns + nx], res[ns + nx:]
             pairs = [(v, g[0]) for v, g in zip(init_leaves, g_prev) if is_ad(v)]
             pairs += list(zip([c for c, d in zip(comps, xdiff) if d], g_xs))
@@ -643,6 +673,40 @@ def _scan(f, xs, init, fold: bool):
 
     tape.record_compute("scan", pytree.leaves(out), backward, (plan, pytree.structure(out_p)))
     return out
+
+
+def _first_indicator(xs):
+    """Element i holds (0, 1) at i = 0 and (1, 1) after: a 0/1 list that tells the first position."""
+    return ft_map(lambda _: np.ones((), np.dtype(str(xs.dtype))), xs).window(2, 1, (1, 0))
+
+
+def _reverse_segments(reverse, body, comps_p, checkpoints, init_p, structure, ct_lists, carry0, k, nx):
+    """The reversed scan in segments of k steps, the last segment first: segment j's states are
+    recomputed from the state before it (the init, or checkpoint j - 1) by the forward body, then
+    `reverse` runs over them from the carry the later segment left at its first step. The state of
+    this scan over segments is that carry (state and captured cotangents) and the segment's element
+    cotangents (lists of k); the result has the stored version's layout: the element cotangents of
+    every step, and the state and captured cotangents at (at least) the first step."""
+    ns, nc = len(init_p), len(comps_p)
+    at_init = [not _known_zero(v) for v in init_p]
+
+    def segment(e, later):
+        xs_seg, windows, firsts, cts_seg = e[:nc], e[nc:nc + ns], e[nc + ns], e[nc + ns + 1:]
+        entering = [_select_list(1.0 - firsts[0], v, w[0]) if need else w[0]
+                    for w, v, need in zip(windows, init_p, at_init)]
+        seg = xs_seg[0] if nc == 1 else Zip(xs_seg)
+        states = ft_aggregate("scanl", body, seg, pytree.unflatten(structure, entering))
+        carry = (*later[:ns], *[g[0] for g in later[ns:ns + nx]], *later[ns + nx:])
+        res = reverse(list(xs_seg), pytree.leaves(states), entering, list(cts_seg), carry)
+        return (*[r[0] for r in res[:ns]], *res[ns:ns + nx], *[r[0] for r in res[ns + nx:]])
+
+    spans = FractalTensor.from_numpy(np.zeros(k, np.float32), 1)
+    last = (*carry0[:ns], *[ft_map(lambda _, c=c: c, spans) for c in carry0[ns:ns + nx]], *carry0[ns + nx:])
+    out = ft_aggregate("scanr", segment, Zip([*[_traceable(c).split(k) for c in comps_p],
+                                              *[_traceable(c).window(2, 1, (1, 0)) for c in checkpoints],
+                                              _first_indicator(comps_p[0].split(k)), *[c.split(k) for c in ct_lists]]),
+                       last)
+    return (*out[:ns], *[g.flatten() for g in out[ns:ns + nx]], *out[ns + nx:])
 
 
 HANDLERS.update(compute=compute, access=access, rules=RULES)
