@@ -88,12 +88,30 @@ def cap_peers() -> None:
 
 
 def preset_args(parser: argparse.ArgumentParser, quick: str = "small sizes on the CPU (the default)",
-                paper: str = "the paper's shapes (for a GPU machine)") -> None:
-    """The sizes and the folder: --quick (the default) or --paper, and --out DIR."""
+                paper: str = "the paper's shapes (for a GPU machine)", out: str | None = None) -> None:
+    """The sizes and the folder: --quick (the default) or --paper, and --out DIR (default `out`;
+    None: a fresh folder, fresh_out)."""
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help=quick)
     size.add_argument("--paper", action="store_true", help=paper)
-    parser.add_argument("--out", default="results", help="output folder (default: results)")
+    parser.add_argument("--out", default=out, metavar="DIR",
+                        help=f"output folder (default: {out})" if out else
+                        f"output folder (default: a fresh {FRESH}/<date>-<host>/; the committed results/ only when "
+                        "named: --out results)")
+
+
+FRESH = "out"  # where runs write unless told (--out): never the committed results/
+
+
+def fresh_out(resume: bool = False) -> str:
+    """The folder a run writes when --out is not given: out/<date>-<host>, or -2, -3, ... where
+    that exists (a run never mixes its files with an earlier run's, and never touches the
+    committed results/); with --resume the latest of today's, to go on where it stopped."""
+    base = os.path.join(FRESH, f"{datetime.date.today().isoformat()}-{platform.node() or 'host'}")
+    folders = [base]
+    while os.path.exists(folders[-1]):
+        folders.append(f"{base}-{len(folders) + 1}")
+    return folders[-2] if resume and len(folders) > 1 else folders[-1]
 
 
 def preset(args: argparse.Namespace) -> str:

@@ -1,20 +1,24 @@
-"""Running artefacts of the registry (registry.py), as `polyft reproduce [NAME ...]` and
-`python -m polyft.experiments.NAME` both do: each artefact runs and its result is printed (the
-module's result_text, read back from the files it wrote), then the plots drawn from those
-artefacts' CSVs are redrawn, results/ is indexed, and every file written is listed at the end
-(found by comparing the folder before and after, so nothing is written silently)."""
+"""Running artefacts of the registry (registry.py), as `polyft reproduce [NAME ...]` (also
+`python -m polyft.experiments.reproduce`) and `python -m polyft.experiments.NAME` all do: each
+artefact runs and its result is printed (the module's result_text, read back from the files it
+wrote), then the plots drawn from those artefacts' CSVs are redrawn, the folder is indexed, and
+every file written is listed at the end (found by comparing the folder before and after, so
+nothing is written silently). The folder is a fresh one unless --out names one
+(common.fresh_out): the committed results/ are the record of what was measured where, written
+only when asked for by name."""
 from __future__ import annotations
 
 import argparse
 import importlib
 import os
+import sys
 import time
 from dataclasses import dataclass
 
 from polyft.errors import PolyftError
 
-from .common import preset as preset_of, preset_args, run_args
-from .registry import ARTEFACTS, INDEX, PRESETS, write_index
+from .common import fresh_out, preset as preset_of, preset_args, run_args
+from .registry import ARTEFACTS, INDEX, PLOTS, PRESETS, write_index
 
 
 @dataclass
@@ -80,12 +84,13 @@ def _plots(names, preset, out_dir) -> list:
     return [_step("plot", draw)]
 
 
-def reproduce(names=None, preset: str = "quick", out_dir: str = "results", plots: bool = True,
+def reproduce(names=None, preset: str = "quick", out_dir: str | None = None, plots: bool = True,
               resume: bool = False, steps=()) -> tuple:
     """Run the named artefacts (all by default), then `steps` ((name, fn returning text or None):
-    e.g. table7's --ncu), the plots drawn from their CSVs and the index. Returns (the Steps, the
-    paths of the files written)."""
+    e.g. table7's --ncu), the plots drawn from their CSVs and the index, into out_dir (None: a
+    fresh folder, common.fresh_out). Returns (the Steps, the paths of the files written)."""
     names = check(names)
+    out_dir = fresh_out(resume) if out_dir is None else out_dir
     if preset not in PRESETS:
         raise PolyftError(f"preset {preset!r}: one of {', '.join(PRESETS)}", op="reproduce", where="")
     os.makedirs(out_dir, exist_ok=True)
@@ -99,7 +104,7 @@ def reproduce(names=None, preset: str = "quick", out_dir: str = "results", plots
     return rows, written
 
 
-def summary(rows, written, out_dir: str = "results") -> str:
+def summary(rows, written, out_dir: str) -> str:
     """What ran (status, seconds), then every file written, one line each."""
     lines = ["| artefact | reproduces | status | seconds |", "|---|---|---|---|"]
     for r in rows:
@@ -113,11 +118,25 @@ def summary(rows, written, out_dir: str = "results") -> str:
 
 def command(names, args, steps=()) -> int:
     """Run `names` as the command line asked (common.preset_args and run_args) and print the
-    summary; the exit status: 0 when every step ran, else 1."""
+    summary; the exit status: 0 when every step ran, else 1. Without --out, args.out becomes a
+    fresh folder (steps read it when they run)."""
+    names = check(names)  # before a folder is made
+    if args.out is None:
+        args.out = fresh_out(args.resume)
+    print(f"writing into {args.out}" + ("" if os.path.isdir(args.out) else " (a new folder)"), flush=True)
     rows, written = reproduce(names, preset_of(args), args.out, plots=not args.no_plots, resume=args.resume,
                               steps=steps)
     print(summary(rows, written, args.out))
     return 0 if all(r.status == "ok" for r in rows) else 1
+
+
+def artefact_list() -> str:
+    """The artefacts of the registry, one paragraph each: name, what it reproduces, its files."""
+    lines = ["artefacts (experiments/registry.py; files carry the preset: fig7_quick.csv, fig7_paper.csv):"]
+    for name, a in ARTEFACTS.items():
+        lines.append(f"  {name:<16}{a.paper}: {', '.join(a.files)}")
+    lines.append(f"then the plots and tables drawn from their CSVs: {', '.join(PLOTS)}")
+    return "\n".join(lines)
 
 
 def command_line(name: str, doc: str) -> argparse.ArgumentParser:
@@ -128,7 +147,35 @@ def command_line(name: str, doc: str) -> argparse.ArgumentParser:
     return ap
 
 
+DESCRIPTION = "Run the paper's artefacts (all, or those named), print each one's result and the files written."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`polyft reproduce`'s arguments: the artefacts, then preset_args and run_args."""
+    parser.add_argument("artefacts", nargs="*", metavar="ARTEFACT", help="which artefacts (default: all; listed below)")
+    preset_args(parser)
+    run_args(parser)
+
+
+def run_all(argv=None) -> int:
+    """`polyft reproduce` as `python -m polyft.experiments.reproduce`: the same arguments, run and
+    exit status (a PolyftError: one line, status 2)."""
+    ap = argparse.ArgumentParser(prog="python -m polyft.experiments.reproduce", description=DESCRIPTION,
+                                 epilog=artefact_list(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(ap)
+    args = ap.parse_args(argv)
+    try:
+        return command(args.artefacts, args)
+    except PolyftError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
 def main(name: str, doc: str, argv=None) -> int:
     """The command line of artefact `name`: `python -m polyft.experiments.NAME [--quick | --paper]
     [--out DIR] [--resume] [--no-plots]`, the same run and output as `polyft reproduce NAME`."""
     return command([name], command_line(name, doc).parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(run_all())

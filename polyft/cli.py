@@ -3,6 +3,7 @@ own program's: `polyft inspect FILE.py:FUNCTION --spec ...`)."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import dataclass
 
@@ -11,7 +12,7 @@ import islpy as isl
 from polyft.deps.isl_helpers import union_map
 from polyft.deps.model import check_sizes
 from polyft.emit.isl_ast import build_ast
-from polyft.experiments.common import preset_args, run_args
+from polyft.experiments.reproduce import DESCRIPTION, add_arguments, artefact_list, command
 from polyft.schedule.coarsen import coarsen
 from polyft.schedule.reorder import bounds
 from polyft.schedule.schedule import make_schedule, schedule_kind, time_rows, user_schedule
@@ -83,7 +84,16 @@ def _subject(args) -> _Subject:
     return _Subject(args.workload, fn, parse_specs(fn, args.spec))
 
 
+def _writable(path: str | None, option: str) -> None:
+    """An output file whose folder does not exist: an error before anything is printed."""
+    folder = os.path.dirname(os.path.abspath(path)) if path else None
+    if folder and not os.path.isdir(folder):
+        raise command_line_error(f"{option} {path}: no folder {folder} to write it in")
+
+
 def cmd_inspect(args) -> int:
+    _writable(args.plot, "--plot")
+    _writable(args.dot, "--dot")
     subject = _subject(args)
     specs = subject.specs
     sizes = _sizes(args.size)
@@ -238,7 +248,6 @@ def _user_schedule(fn, specs, text, sizes) -> tuple[str, int]:
 
 
 def cmd_reproduce(args) -> int:
-    from polyft.experiments.reproduce import command  # pandas, and matplotlib for the plots: only here
     return command(args.artefacts, args)  # unknown artefacts: a PolyftError before anything runs
 
 
@@ -282,16 +291,19 @@ def main(argv=None) -> int:
                         "sequential steps as written and auto, the wavefront's hyperplanes; lengths not in --size "
                         "are the small preset's")
     p.set_defaults(run=cmd_inspect)
-    p = sub.add_parser("reproduce", help="run the paper's experiments and write results/")
-    p.add_argument("artefacts", nargs="*", help="which artefacts (default: all)")
-    preset_args(p)
-    run_args(p)
+    p = sub.add_parser("reproduce", help="run the paper's experiments into a fresh folder (--out DIR to choose)",
+                       description=DESCRIPTION, epilog=artefact_list(),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
     p.set_defaults(run=cmd_reproduce)
     args = parser.parse_args(argv)
     try:
         return args.run(args)
     except PolyftError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a file the command was told to read or write: one line, not a traceback
+        print(f"error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
         return 2
 
 

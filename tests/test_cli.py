@@ -178,3 +178,73 @@ def test_inspect_plot_writes_the_schedule_picture(tmp_path, capsys):
     assert main(["inspect", "stacked_rnn", "--plot", str(big), "--size", "D=60,L=60"]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and "3600 points" in captured.err and not big.exists()
+
+
+# -- command-line mistakes: one line, no traceback; reproduce's folder and help ------------------------
+
+@pytest.mark.parametrize("argv, says", [
+    (["inspect", "stacked_rnn", "--plot", "/no/such/folder/x.png"], "--plot /no/such/folder/x.png: no folder"),
+    (["inspect", "stacked_rnn", "--dot", "/no/such/folder/x.dot"], "--dot /no/such/folder/x.dot: no folder"),
+    (["inspect", "no_such_workload"], "no workload 'no_such_workload'"),
+    (["inspect", "stacked_rnn", "--size", "N=two"], "--size"),
+    (["reproduce", "fig99"], "unknown artefacts fig99"),
+])
+def test_a_command_line_mistake_is_one_line_and_exit_2(argv, says, tmp_path):
+    """As a user runs it (the console script, its own process): nothing on stdout, one line on
+    stderr naming the mistake, no traceback, and no file written."""
+    done = subprocess.run([polyft_script(), *argv], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == "" and "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], done.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_bad_spec_of_a_users_function_is_one_line(tmp_path):
+    (tmp_path / "mine.py").write_text("def f(xs):\n    return xs.map(lambda x: x + 1)\n")
+    done = subprocess.run([polyft_script(), "inspect", "mine.py:f", "--spec", "[N]float33[1, 8]"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 2 and done.stdout == "" and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "float33" in done.stderr, done.stderr
+
+
+def test_reproduce_writes_a_fresh_folder_by_default_never_results(tmp_path, monkeypatch, capsys):
+    """Without --out: out/<date>-<host>/, a new one for each run (-2, ...), the latest again with
+    --resume; a results/ folder beside it (the committed record) is never touched."""
+    from polyft.experiments.common import fresh_out
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "results").mkdir()
+    first = fresh_out()
+    assert first.startswith(os.path.join("out", "")) and "results" not in first
+    assert main(["reproduce", "table5"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"writing into {first} (a new folder)\n")
+    assert sorted(os.listdir(first)) == ["README.md", "table5_quick.txt"] and f"wrote {first}/table5_quick.txt" in out
+    assert fresh_out(resume=True) == first and fresh_out() == first + "-2"
+    assert main(["reproduce", "table5", "--no-plots"]) == 0
+    assert capsys.readouterr().out.startswith(f"writing into {first}-2 (a new folder)\n")
+    assert fresh_out(resume=True) == first + "-2"
+    assert os.listdir(tmp_path / "results") == []
+    assert main(["reproduce", "table5", "--out", "results"]) == 0  # named: written there
+    assert "writing into results\n" in capsys.readouterr().out
+    assert sorted(os.listdir(tmp_path / "results")) == ["README.md", "table5_quick.txt"]
+
+
+def test_reproduce_help_lists_every_artefact_and_module_main_runs(tmp_path):
+    from polyft.experiments.registry import ARTEFACTS, PLOTS
+
+    for argv in ([polyft_script(), "reproduce", "--help"], [sys.executable, "-m", "polyft.experiments.reproduce",
+                                                             "--help"]):
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        listed = done.stdout.split("artefacts (experiments/registry.py")[1]
+        for name, artefact in ARTEFACTS.items():
+            line = next(ln for ln in listed.splitlines() if ln.split()[:1] == [name])
+            assert all(f in line for f in artefact.files), line
+        assert all(p in listed for p in PLOTS)
+    done = subprocess.run([sys.executable, "-m", "polyft.experiments.reproduce", "table5", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "j3 in [max(1, -L + j4 + 1), min(j4, D))" in done.stdout  # table5's result, as `polyft reproduce table5`
+    assert sorted(os.listdir(tmp_path)) == ["README.md", "table5_quick.txt"]
