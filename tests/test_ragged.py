@@ -3,9 +3,13 @@ and in cuda-emulated with the lengths as call-time data, equal to eager executio
 written independently; instances past a length never run; bad lengths fail before native code."""
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 from helpers import assert_same, flist, rand
+from test_cuda import TARGETS as CUDA_TARGETS
+from test_cuda import _nvcc
 
 import polyft as ft
 import polyft.program
@@ -13,7 +17,7 @@ from polyft import errors
 from polyft.testing import rel_error
 from polyft.workloads import stacked_lstm
 
-TARGETS = ["c", "cuda-emulated"]
+TARGETS = ["c", *CUDA_TARGETS]  # "cuda" too where a GPU and PyCUDA are
 H = 4
 
 
@@ -140,6 +144,13 @@ def test_stacked_lstm_over_sentences_of_lengths_1_to_L(target):
     assert str(prog.schedule.map) == str(padded.schedule.map)
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed on this machine")
+def test_nvcc_compiles_the_ragged_stacked_lstm(tmp_path):
+    prog = ft.compile(stacked_lstm.program, *lstm_inputs(ONE_TO_L, 25), target="cuda-emulated")
+    assert "return;" in prog.source  # the guards
+    _nvcc(prog.source, tmp_path)
+
+
 def test_stacked_lstm_from_a_spec_runs_any_batch():
     """`[N, <=L]`: the bound is symbolic, each call's longest sentence (or sizes=) sets it."""
     specs = [ft.spec("[N, <=L]float32[1, 4]"), ft.spec("[D, 4]float32[4, 4]"), ft.spec("[D, 4]float32[4, 4]"),
@@ -165,7 +176,7 @@ def test_no_padding_work_in_the_emulator():
     assert ran < 3 * len(ONE_TO_L) * L
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", ["c", "cuda-emulated"])  # the host arrays are the buffers
 def test_no_padding_work_leaves_padded_cells_untouched(target, monkeypatch):
     """Every array the call allocates starts as NaN: after the call the cells within the lengths
     are written and every cell past them is still NaN (no instance past a length ran)."""
