@@ -282,14 +282,15 @@ def main(argv=None) -> int:
                    help="fix symbolic lengths (concrete ISL strings); repeatable: --size N=2 --size L=4")
     p.add_argument("--target", choices=["c", "cuda"], default="c", help="the target --profile describes")
     p.add_argument("--profile", action="store_true",
-                   help="with --target cuda: the GPU profile at the preset's lengths (or --size): kernels with "
+                   help="with --target cuda: the GPU profile at the preset's lengths (or --size; your own "
+                        "program: --size for every length): kernels with "
                         "grids, shared memory, ptxas registers and spills, launches, where each buffer lives, "
                         "global and DRAM bytes per call, a roofline time on an H100")
     p.add_argument("--precision", default="fp32", help="matmul precision for --profile (fp32, tf32, fp16, bf16)")
     p.add_argument("--plot", metavar="FILE",
                    help="draw the schedule picture into FILE (.png): a band's instances, flow dependences and "
-                        "sequential steps as written and auto, the wavefront's hyperplanes; lengths not in --size "
-                        "are the small preset's")
+                        "sequential steps as written and auto, the wavefront's hyperplanes; a bundled workload's "
+                        "lengths not in --size are the small preset's, your own program needs --size for each")
     p.set_defaults(run=cmd_inspect)
     p = sub.add_parser("reproduce", help="run the paper's experiments into a fresh folder (--out DIR to choose)",
                        description=DESCRIPTION, epilog=artefact_list(),

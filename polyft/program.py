@@ -357,7 +357,9 @@ def analyze(fn, *inputs_or_specs, schedule="auto", sizes=None, coarsen=None) -> 
     symbolic lengths as an ISL context; with all lengths known, `sequential_steps` is set.
     `coarsen` (default: with the "auto" schedule) runs the §5.1 coarsening passes first;
     `prog.traced` is the ETDG as traced, `prog.etdg` the one scheduled, `prog.coarsen_log`
-    what coarsening did.
+    what coarsening did, and `prog.schedule.describe()` (`prog.schedule.coarsening`) which traced
+    statements each scheduled statement runs: a hand schedule names the traced ones unless
+    `coarsen=True`.
     """
     return Program(fn, inputs_or_specs, schedule, sizes, coarsen)
 
