@@ -18,7 +18,7 @@ from polyft.etdg import Gather, OpNode, depends_on, shared_matmuls
 from polyft.primitives import getitem_axes
 
 CTYPES = {"float32": "float", "float64": "double", "float16": "float", "int64": "long long",
-          "int32": "int"}
+          "int32": "int", "uint16": "unsigned short"}  # uint16: the bits of half-width constants
 # numpy's NaN rule for comparisons: a NaN operand wins (`x != x` only for NaN), unlike fmax/fmin
 # ft_exp, ft_tanh, ft_sigmoid (with the f suffix for float): each target's prelude says what they are
 # (the C target's vectorise, emit/vecmath.h)
@@ -129,6 +129,22 @@ class Rows:
 # region crashed with an internal compiler error)
 OUTLINE_MATMULS = 16
 OUTLINED = "static __attribute__((noinline)) void"
+
+
+# the operations whose loops an outlining statement (StatementBody._outline) also calls as the
+# module's functions, besides GEMMs and fused elementwise runs: a 12-layer encoder's copies,
+# permutes and softmaxes inline made one 4,300-line function that GCC took 10 s to compile
+# (register allocation and PRE grow faster than a function's size)
+OUTLINED_OPS = frozenset({"matmul", "transpose", "permute", "reshape", "sum", "mean", "max", "softmax",
+                          "logsumexp", "concat", "getitem"})
+# identifiers an outlined loop may use besides its parameters: its own (`_e0`, `_t3`, `_m`: a
+# leading underscore, but not the statement's `_b`, `_nb`), the module's constants (`k0`) and
+# functions (`ft_expf`), C's and libm's names; anything else stays where it is (inline)
+_LOCAL = re.compile(r"(?!_b\b|_nb\b)_\w+|k\d+|ft_\w+")
+_C_NAMES = frozenset("""int long float double char const restrict for if else return void sizeof
+    unsigned signed short static inline while do break continue
+    expf exp logf log sqrtf sqrt tanhf tanh fmaxf fmax fminf fmin fabsf fabs log1pf log1p powf pow
+    INFINITY pragma omp simd reduction max min""".split())
 
 
 def _row_param(name: str, stride, const: bool) -> cgen.Value:
@@ -316,7 +332,46 @@ class StatementBody:
             self._decl(op)
             self.lines += self._gemm_of(op, self.sums[op])
         else:
-            self._handler(op)(op)
+            self._emit(op)
+
+    def _emit(self, op):
+        """The operation's code (its handler's), as a call of a module function where the
+        statement outlines (_outline) and the operation is one of OUTLINED_OPS: the loops become
+        a function of the operands' and the result's pointers, one per distinct loop, so a stack
+        of layers calls one permute and one softmax function instead of repeating them."""
+        start = len(self.lines)
+        self._handler(op)(op)
+        if not self._outline() or op.op not in OUTLINED_OPS:
+            return
+        declared = {id(line) for line, *_ in self.temps}
+        work = [line for line in self.lines[start:] if id(line) not in declared]
+        if len(work) == 1 and str(work[0]).startswith("ft_"):
+            return  # a call already (a GEMM of the kernel's width)
+        self.lines[start:] = [line for line in self.lines[start:] if id(line) in declared] + self._called(op, work)
+
+    def _called(self, op, work) -> list:
+        """`work` (the operation's loops) as one call of a module function of its operands and
+        its result, or `work` itself where it reads anything else of the statement."""
+        params = {}  # C expression -> (parameter, C type)
+        for a in op.inputs:
+            expr, _, dtype = self._operand(a)
+            params.setdefault(expr, (f"x{len(params)}", f"const {ctype(dtype)}"))
+        params[self._ref(op)] = ("o", ctype(op.dtype))
+        text = "\n".join(str(line) for line in work)
+        for expr in sorted(params, key=len, reverse=True):
+            text = re.sub(rf"(?<![\w>.]){re.escape(expr)}(?!\w)", params[expr][0], text)
+        names = {x for x, _ in params.values()}
+        free = {w for w in re.findall(r"(?<![\w>.])[A-Za-z_]\w*", text)
+                if w not in names and w not in _C_NAMES and not _LOCAL.fullmatch(w)}
+        if free or re.search(r"->|\b_n?b\b", text):
+            return work
+        args = [cgen.Value(f"{t}* restrict", x) for x, t in params.values()]
+        key = ("op", text, tuple(str(a) for a in args))
+        if key not in self.functions:
+            name = f"ft_{op.op}{len(self.functions)}"
+            self.functions[key] = (name, cgen.FunctionBody(cgen.FunctionDeclaration(cgen.Value(OUTLINED, name), args),
+                                                           cgen.Block([cgen.Line(text)])))
+        return [cgen.Statement(f"{self.functions[key][0]}({', '.join(params)})")]
 
     def _fusable(self, op) -> bool:
         return (op.op in UNARY or op.op in BINARY) and op not in self.accumulates and op not in self.sums
@@ -456,12 +511,12 @@ class StatementBody:
 
             def declare():
                 if op.op == "load":
-                    self.lines.append(cgen.Line(f"const {ctype(op.dtype)}* v{op.id}[{self.batch[1]}];"))
+                    self.lines.append(cgen.Line(f"{self._pointer(op)} v{op.id}[{self.batch[1]}];"))
                 elif op.op != "store":
                     self._decl(op)
 
             def emit():
-                self._handler(op)(op)
+                self._emit(op)
                 return self._reused(op, self.lines)
             inside(emit, declare)
             run["stored"] = run["stored"] or op.op == "store"
@@ -558,7 +613,7 @@ class StatementBody:
     def _batched(self, op):
         """One tile per instance: declare for TB, then the operation inside `for _b < _nb`."""
         if op.op == "load":
-            self.lines.append(cgen.Line(f"const {ctype(op.dtype)}* v{op.id}[{self.batch[1]}];"))
+            self.lines.append(cgen.Line(f"{self._pointer(op)} v{op.id}[{self.batch[1]}];"))
         elif op.op != "store":
             self._decl(op)
         outer, self.lines = self.lines, []
@@ -568,7 +623,7 @@ class StatementBody:
         elif op in self.sums:
             body = self._gemm_of(op, self.sums[op])
         else:
-            self._handler(op)(op)
+            self._emit(op)
             lines = self._reused(op, self.lines) + self._between_instances(op)
             body = [cgen.For("int _b = 0", "_b < _nb", "_b++", cgen.Block(lines))]
         self._in_batch = False
@@ -971,17 +1026,29 @@ class StatementBody:
             return [cgen.Assign(f"{o}[{self._flat(op.shape, idx)}]", f"{x}[{self._flat(s, src)}]")]
         self.lines.append(self._loops(op.shape, body, "_e"))
 
+    def _pointer(self, op, restrict: bool = False) -> str:
+        """The C type of a load's variable: a pointer to its elements (a target may read some
+        buffers through another type: the CUDA target's narrow ones)."""
+        return f"const {ctype(op.dtype)}*" + (f" {self.RESTRICT}" if restrict else "")
+
+    def _address(self, op, target: str) -> str:
+        """A load piece's address `target` as the load's variable (`_pointer`) holds it."""
+        return target
+
+    def _constant(self, op, value) -> np.ndarray:
+        """The array a load's constant piece points into (a constant array of the module)."""
+        return np.broadcast_to(np.asarray(value, dtype=native_dtype(op.dtype)), op.shape)
+
     def _op_load(self, op):
-        t = ctype(op.dtype)
         name = self._ref(op)
         if not self._in_batch:
-            self.lines.append(cgen.Line(f"const {t}* {self.RESTRICT} {name};"))
+            self.lines.append(cgen.Line(f"{self._pointer(op, restrict=True)} {name};"))
         branches = []
         for pc in op.pieces:
             if pc.buffer is None:
-                target = self.const_ref(np.broadcast_to(np.asarray(pc.const, dtype=native_dtype(op.dtype)), op.shape))
+                target = self._address(op, self.const_ref(self._constant(op, pc.const)))
             else:
-                target = self.buffer_ref(pc.buffer, [self._index(ix) for ix in pc.index])
+                target = self._address(op, self.buffer_ref(pc.buffer, [self._index(ix) for ix in pc.index]))
             cond = " && ".join(cond_c(c, self._dim, self.param) for c in pc.conds) or "1"
             branches.append((cond, cgen.Assign(name, target)))
         node = branches[-1][1]  # the pieces partition the domain: the last needs no test

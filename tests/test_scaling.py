@@ -5,7 +5,7 @@
 * The user's captured arrays are buffers the generated code reads at call time, never C
   literals; so are large constants; a scalar stays inline.
 * The C target's GEMMs are functions the statements call, one per shape: a statement of many
-  layers holds calls, not kernels.
+  layers holds calls, not kernels; so are its permutes, slices, softmaxes and concats.
 * The compile_time experiment measures every stage and plots them.
 """
 import math
@@ -107,6 +107,46 @@ def test_a_deep_statement_calls_one_function_per_gemm_and_loop_shape():
     assert sorted(c for n, c in calls.items() if n.startswith("ft_elementwise")) == [1, 19], calls
     assert_same(prog(xs), net(xs))
     assert "ft_gemm" not in ft.compile(net_of(5), xs).source
+
+
+def test_a_deep_encoder_calls_one_function_per_permute_softmax_and_slice():
+    """Five encoder layers merged into one statement (more than OUTLINE_MATMULS matmuls): the
+    reshapes, permutes, head slices, transposes, softmaxes and concats are calls of the module's
+    functions, one per distinct loop, shared by the layers; the statement keeps no loop of its
+    own inside the instance loop, and the result equals eager and a numpy encoder."""
+    layers = 5
+    net, (xs,) = compile_time.encoder(layers, np.random.default_rng(3), N=3, L=8, D=16, H=2)
+    prog = ft.compile(net, xs)
+    names = re.findall(r"^static __attribute__\(\(noinline\)\) void (ft_\w+)\(", prog.source, re.M)
+    calls = {n: len(re.findall(rf"\b{n}\(", prog.source)) - 1 for n in names}
+    for kind, per_layer in (("permute", 3), ("softmax", 2), ("transpose", 2), ("concat", 1)):
+        assert sum(c for n, c in calls.items() if re.fullmatch(rf"ft_{kind}\d+", n)) == layers * per_layer, (kind, calls)
+    assert len([n for n in names if n.startswith("ft_softmax")]) == 1, names
+    statement = re.search(r"^static void S_\w+\(.*?^}", prog.source, re.M | re.S).group(0)
+    assert "ft_expf" not in statement and "INFINITY" not in statement
+    got = prog(xs).to_numpy()
+    assert_same(prog(xs), net(xs))
+
+    def numpy_encoder(x, wq, wk, wv, wo, w1, w2, H=2):  # [L, D] -> [L, D], heads by slicing columns
+        q, k, v = x @ wq, x @ wk, x @ wv
+        d = x.shape[1] // H
+        heads = []
+        for h in range(H):
+            s = q[:, h * d:(h + 1) * d] @ k[:, h * d:(h + 1) * d].T / d ** 0.5
+            p = np.exp(s - s.max(axis=1, keepdims=True))
+            heads.append(p / p.sum(axis=1, keepdims=True) @ v[:, h * d:(h + 1) * d])
+        a = np.concatenate(heads, axis=1) @ wo + x
+        return np.maximum(a @ w1, 0) @ w2 + a
+    rng = np.random.default_rng(3)  # the weights encoder() drew, drawn again in its order
+    ws = [tuple(rng.standard_normal(shape).astype(np.float32) / np.sqrt(shape[0]).astype(np.float32)
+                for shape in ((16, 16),) * 4 + ((16, 32), (32, 16))) for _ in range(layers)]
+    want = []
+    for x in xs.to_numpy().astype(np.float64):
+        for w in ws:
+            x = numpy_encoder(x, *(m.astype(np.float64) for m in w))
+        want.append(x)
+    want = np.stack(want)
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5
 
 
 def test_compile_time_rows_and_plot(tmp_path, monkeypatch):
