@@ -39,6 +39,11 @@ class Ragged(Length):
         """As a type string shows it: `<=L`."""
         return f"<={self.bound}"
 
+    @property
+    def guard(self) -> str:
+        """As an ETDG printout shows an iteration dim's extent: `xss_len[i] <= 6`."""
+        return f"{_name(self.lengths)}[{', '.join(map(str, self.at))}] <= {self.bound}"
+
     def substitute_dims(self, env: dict) -> "Ragged":
         """The same length with the dims of `at` replaced (env: IterDim -> Aff)."""
         return Ragged(self.bound, self.lengths, [a.substitute(env) for a in self.at], self.last)

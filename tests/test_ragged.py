@@ -138,6 +138,7 @@ def test_stacked_lstm_over_sentences_of_lengths_1_to_L(target):
     refs = [np_lstm(s, *args[1:]) for s in args[0]]
     assert rel_error(words(hsss), np.concatenate([np.ravel(h) for hss, _ in refs for hs in hss for h in hs])) < 1e-5
     assert rel_error(words(csss), np.concatenate([np.ravel(c) for _, css in refs for cs in css for c in cs])) < 1e-5
+    assert "block b2 [j < 3, k < xss_len[i] <= 6]" in str(prog.traced)  # layers, then the guarded time dim
     # dependences on the bounding domain: the schedule of the padded program, its wavefront
     padded = ft.analyze(stacked_lstm.program, flist([6, L], (1, H), 24), *args[1:])
     assert prog.schedule.sequential_steps == padded.schedule.sequential_steps
