@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import errors, pytree
+from . import diagnose, errors, pytree
 from .errors import EmptyReduceError, InPlaceError, ReturnTypeError, StateTypeError
 from .fractaltensor import FractalTensor, ListBase, Zip, check_lists, check_same_length, unzip
 from .types import DTYPES, FTType
@@ -66,10 +66,12 @@ def _aggregate(op: str, f, xs, init):
         _state_key(op, init, "init")
         state, outputs = init, []
     for i in order:
-        new = _call(op, f, (xs[i], state) if right else (state, xs[i]))
+        args = (xs[i], state) if right else (state, xs[i])
+        new = _call(op, f, args)
         if _result_key(op, new) != _structure(state):
             raise StateTypeError(f"the state has type {_describe(state)} but the function returned "
-                                 f"{_describe(new)}; the state's type must be the same at every step", op=op)
+                                 f"{_describe(new)}; the state's type must be the same at every step"
+                                 f"{_promoted(f, args, state, new)}", op=op)
         state = new
         outputs.append(state)
     if not scan:
@@ -91,7 +93,16 @@ def _call(op: str, f, args: tuple):
             raise InPlaceError(f"the user function writes into an element of a list ({exc}): a program never "
                                "changes its inputs; build a new value (x = x + 1, ft.concat) instead",
                                op=op, where=errors.user_location(exc.__traceback__)) from None
-        raise errors.reraise_from_user_code(op, exc) from exc
+        raise (diagnose.shape_error(f, args) or errors.reraise_from_user_code(op, exc)) from exc
+
+
+def _promoted(f, args, state, new) -> str:
+    """For a state whose dtype changed (a float64 weight in a float32 scan): "; " and the operation
+    that changed it, found by tracing f on the same values (diagnose.promotion); else ""."""
+    pairs = [(a.dtype, b.dtype) for a, b in zip(pytree.leaves(_structure(state)), pytree.leaves(_structure(new)))
+             if a.dtype != b.dtype]
+    hint = diagnose.promotion(f, args, *pairs[0]) if pairs else ""
+    return f"; {hint}" if hint else ""
 
 
 def _own_copy(x):

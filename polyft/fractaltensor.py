@@ -58,11 +58,15 @@ def check_lists(lists, op: str) -> None:
     if not lists:
         raise DepthError("needs at least one list", op=op)
     for x in lists:
+        if isinstance(x, (np.ndarray, np.generic)):
+            depths = ", ".join(f"depth={d} gives {FTType(x.shape[:d], x.shape[d:], x.dtype.name)}"
+                               for d in range(1, min(x.ndim, 2) + 1))
+            raise DepthError(f"expects a FractalTensor (depth >= 1), got the tensor "
+                             f"{FTType((), x.shape, x.dtype.name)} (depth 0), a numpy array; make it a list with "
+                             f"ft.FractalTensor.from_numpy(arr, depth=...)" + (f": {depths}" if depths else ""), op=op)
         if not isinstance(x, ListBase):
-            what = (f"the tensor {FTType((), x.shape, x.dtype.name)} (depth 0)"
-                    if isinstance(x, (np.ndarray, np.generic)) else f"a Python {type(x).__name__}")
-            raise DepthError(f"expects a FractalTensor (depth >= 1), got {what}; build one with "
-                             "ft.FractalTensor.from_numpy(arr, depth) or .from_list(items)", op=op)
+            raise DepthError(f"expects a FractalTensor (depth >= 1), got a Python {type(x).__name__}; build one "
+                             "with ft.FractalTensor.from_list(items) or .from_numpy(arr, depth=...)", op=op)
 
 
 def check_same_length(lists, op: str) -> None:

@@ -24,8 +24,8 @@ def test_numpy_shape_mismatch_inside_f_names_the_shapes_and_the_user_line():
     with pytest.raises(ShapeError) as info:
         ft.map(f, as_list(fresh((4, 1, 5))))
     err = info.value
-    assert err.op == "map" and isinstance(err, PolyftError)
-    assert "(1,5)" in str(err) and "(3,)" in str(err)
+    assert err.op == "add" and isinstance(err, PolyftError)  # the operation that failed, as when traced
+    assert "add of float32[1, 5] and float32[3]" in str(err) and "(1,5)" in str(err) and "(3,)" in str(err)
     assert "test_eager_errors.py" in err.where and "return x + bias  # the failing user line" in err.where
 
 
@@ -132,3 +132,77 @@ def test_ragged_to_numpy():
     a = fresh((3, 2))
     with pytest.raises(RaggedError, match=r"\[2, \*\]"):
         ft.FractalTensor.from_list([[a[0]], [a[1], a[2]]]).to_numpy()
+
+
+# -- eager errors as clear as traced ones ---------------------------------------------------------
+
+def test_a_float64_weight_in_an_eager_scan_is_named_with_its_line_and_fix():
+    xs = as_list(fresh((5, 1, 8), 11))
+    w_double = np.random.default_rng(12).standard_normal((8, 8))  # numpy's default: float64
+
+    def step(s, x):
+        return ft.tanh(x @ w_double + s)  # the promoting line
+
+    with pytest.raises(StateTypeError) as info:
+        xs.scanl(step, ft.zeros((1, 8)))
+    message = str(info.value)
+    assert "the state has type float32[1, 8] but the function returned float64[1, 8]" in message
+    assert "matmul of float32[1, 8] and w_double float64[8, 8] gives float64" in message
+    assert "(use w_double.astype(np.float32))" in message
+    assert "return ft.tanh(x @ w_double + s)  # the promoting line" in message
+    assert info.value.op == "scanl" and "xs.scanl(step, ft.zeros((1, 8)))" in info.value.where
+
+
+W_GLOBAL = np.random.default_rng(13).standard_normal((4, 4))  # float64, read as a global
+
+
+def test_a_float64_global_read_by_a_nested_lambda_is_named_too():
+    xss = as_list(fresh((2, 3, 1, 4), 14), 2)
+    with pytest.raises(StateTypeError, match=r"matmul of float32\[1, 4\] and W_GLOBAL float64\[4, 4\]") as info:
+        xss.map(lambda xs: xs.foldl(lambda s, x: s + x @ W_GLOBAL, ft.zeros((1, 4))))
+    assert info.value.op == "foldl" and "W_GLOBAL.astype(np.float32)" in str(info.value)
+
+
+def _traced_and_eager(fn, *inputs):
+    errors = []
+    for run in (lambda: ft.trace(fn, *inputs), lambda: fn(*inputs)):
+        with pytest.raises(ShapeError) as info:
+            run()
+        errors.append(info.value)
+    return errors
+
+
+def test_an_eager_matmul_shape_error_is_the_traced_one():
+    w = fresh((4, 4), 15)
+
+    def rnn(xs):
+        return xs.scanl(lambda s, x: x @ w + s, ft.zeros((1, 8)))
+
+    traced, eager = _traced_and_eager(rnn, as_list(fresh((5, 1, 8), 16)))
+    assert str(eager) == str(traced) and eager.op == traced.op == "matmul"
+    assert "[1, 8] @ [4, 4]" in str(eager) and "x @ w + s" in eager.where
+
+
+def test_an_eager_shape_error_over_zipped_elements_is_the_traced_one():
+    def pairs(xs, ys):
+        return ft.map(lambda xy: xy[0] @ xy[1], ft.zip(xs, ys))
+
+    traced, eager = _traced_and_eager(pairs, as_list(fresh((3, 2, 5), 17)), as_list(fresh((3, 4, 2), 18)))
+    assert str(eager) == str(traced) and "[2, 5] @ [4, 2]" in str(eager) and "xy[0] @ xy[1]" in eager.where
+
+
+@pytest.mark.parametrize("call", [
+    lambda arr: ft.map(lambda x: x, arr),
+    lambda arr: ft.scanl(lambda s, x: s + x, arr, ft.zeros((1, 8))),
+    lambda arr: ft.reduce(lambda s, x: s + x, arr),
+    lambda arr: ft.zip(arr, arr),
+], ids=["map", "scanl", "reduce", "zip"])
+def test_a_numpy_array_where_a_list_is_needed_suggests_from_numpy(call):
+    arr = fresh((5, 1, 8), 19)
+    with pytest.raises(DepthError) as info:
+        call(arr)
+    message = str(info.value)
+    assert isinstance(info.value, PolyftError) and "float32[5, 1, 8]" in message
+    assert "ft.FractalTensor.from_numpy(arr, depth=...): depth=1 gives [5]float32[1, 8], depth=2 gives " \
+           "[5, 1]float32[8]" in message
+    assert "test_eager_errors.py" in info.value.where
