@@ -7,7 +7,7 @@ Conventions the README follows (so that this test can check it):
 * A Python block depends only on itself: its imports, its inputs. It runs in an empty
   temporary directory, so it may write files there.
 * `print(...)  # -> TEXT`: TEXT is what that line prints (the block's output must contain it;
-  a trailing `...` marks TEXT as the start of a longer line). Other comments are prose.
+  `...` at either end marks TEXT as a part of a longer line). Other comments are prose.
 * In a ```bash block, a command's output lines are shown below it as `#   LINE` comments
   (three spaces; each must be a line of its output, `...` again marks a prefix), and a comment
   naming `exit status N` says the command exits with N (else it must exit with 0).
@@ -83,8 +83,8 @@ def printed(code: str) -> list:
 
 
 def contains(output: str, expected: str) -> bool:
-    """expected appears in output; `...` at its end: as the start of something longer."""
-    return expected.removesuffix("...").rstrip() in output
+    """expected appears in output; `...` at either end: as a part of something longer."""
+    return expected.removesuffix("...").removeprefix("...").strip() in output
 
 
 def run_python(code: str, cwd: Path) -> subprocess.CompletedProcess:
