@@ -51,9 +51,12 @@ def _import_file(path: str):
     if not os.path.isfile(full):
         raise command_line_error(f"no file {path!r} (from {os.getcwd()})")
     name = os.path.splitext(os.path.basename(full))[0]
+    if getattr(sys.modules.get(name), "__file__", full) != full:  # random.py must not replace random
+        name = f"_polyft_user_{name}"
     module_spec = importlib.util.spec_from_file_location(name, full)
     module = importlib.util.module_from_spec(module_spec)
-    sys.path.insert(0, os.path.dirname(full))
+    if os.path.dirname(full) not in sys.path:
+        sys.path.insert(0, os.path.dirname(full))
     sys.modules[name] = module
     try:
         module_spec.loader.exec_module(module)

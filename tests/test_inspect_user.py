@@ -148,6 +148,16 @@ def test_command_line_errors_are_one_line(argv, message, home):
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
 
 
+def test_a_file_named_like_a_loaded_module_does_not_replace_it(tmp_path):
+    import random
+
+    (tmp_path / "random.py").write_text("import polyft as ft\n\ndef f(xs):\n    return xs.map(ft.tanh)\n")
+    f = load_function(f"{tmp_path / 'random.py'}:f")
+    assert sys.modules["random"] is random and f.__module__ == "_polyft_user_random"
+    xs = ft.FractalTensor.from_numpy(np.random.default_rng(3).standard_normal((3, 1, 4)).astype(np.float32), depth=1)
+    assert rel_error(ft.compile(f, ft.spec("[N]float32[1, 4]"))(xs), np.tanh(xs.to_numpy())) < 1e-6
+
+
 def test_python_gru_py_runs_its_walkthrough(home):
     """`python gru.py`: the section's Python path (eager, trace, analyze, describe, a hand
     schedule, compile, memory, the picture), checking itself against eager."""
