@@ -211,10 +211,11 @@ def test_compiled_gru_equals_eager_numpy_and_torch(n, length, home):
     want, torch_want = numpy_gru(x, *inputs[1:]), torch_gru(x, *inputs[1:])
     assert rel_error(torch_want, want) < 1e-12  # the two references agree
     assert rel_error(eager, want) < 1e-5
-    prog = ft.compile(gru, *map(ft.spec, SPECS))  # symbolic N, L: one program for every size
-    got = prog(*inputs).to_numpy()
-    assert rel_error(got, eager) < 1e-5 and rel_error(got, torch_want) < 1e-5
-    assert prog.schedule.coarsening.runs == {"S_b0": ["S_b0", "S_b1"]}  # the read-out runs in the scan
+    for target in ("c", "cuda-emulated"):  # symbolic N, L: one program for every size
+        prog = ft.compile(gru, *map(ft.spec, SPECS), target=target)
+        got = prog(*inputs).to_numpy()
+        assert rel_error(got, eager) < 1e-5 and rel_error(got, torch_want) < 1e-5, target
+        assert prog.schedule.coarsening.runs == {"S_b0": ["S_b0", "S_b1"]}  # the read-out runs in the scan
 
 
 # -- schedule.describe() on the bundled workloads ----------------------------------------------
