@@ -160,6 +160,8 @@ def commands() -> list:
 
 
 def expensive(command: Command) -> str | None:
+    if command.text.endswith(" --help"):
+        return None
     return next((why for prefix, why in EXPENSIVE.items() if command.text.startswith(prefix)), None)
 
 
