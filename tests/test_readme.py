@@ -104,10 +104,17 @@ def test_the_readme_has_python_blocks_and_no_unlabelled_fence():
     assert not unlabelled, f"fences without a language (```python, ```bash): {unlabelled}"
 
 
+def test_the_conventions_are_read_as_documented():
+    text = "a\n<!-- not run: needs a GPU -->\n```python\nprint(1)  # -> 1\n```\n\n```bash\nls\n```\n"
+    partial, shell = blocks(text)
+    assert (partial.lang, partial.line, partial.not_run, shell.not_run) == ("python", 3, "needs a GPU", None)
+    assert printed(partial.code) == ["1"] and printed("print(x)  # prose") == []
+    assert contains("a: 1, b: 2", "a: 1...") and contains("x = a: 1, b", "... a: 1, b") and not contains("a: 2", "a: 1")
+
+
 @pytest.mark.parametrize("block", PYTHON, ids=lambda b: f"line{b.line}")
 def test_python_block_runs_alone(block, tmp_path):
-    source = compile(block.code, str(block), "exec")  # a block marked not run must still be Python
-    assert source is not None
+    compile(block.code, str(block), "exec")  # a SyntaxError fails it: a block marked not run must still be Python
     if block.not_run:
         return
     done = run_python(block.code, tmp_path)
