@@ -22,7 +22,7 @@ from polyft.testing import rel_error
 from polyft.workloads import get
 
 from . import baselines
-from .common import meta
+from .common import fresh_out, meta
 
 # attention and GEMM shapes: the paper's, except BigBird's d (512 needs more shared memory
 # than a block has for the gathered [96, d] key tile) and a smaller batch for "quick"
@@ -143,6 +143,8 @@ def run(preset: str = "quick", out_dir: str = "results") -> pd.DataFrame:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--paper", action="store_true")
-    ap.add_argument("--out", default="results")
+    ap.add_argument("--out", help="output folder (default: a fresh out/<date>-<host>/, as polyft reproduce)")
     args = ap.parse_args()
-    print(run("paper" if args.paper else "quick", args.out).to_string())
+    out = args.out or fresh_out()
+    print(run("paper" if args.paper else "quick", out).to_string())
+    print(f"wrote {os.path.join(out, 'gpu_bench.csv')}")
