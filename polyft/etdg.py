@@ -23,6 +23,8 @@ the regions.
 """
 from __future__ import annotations
 
+import copy
+
 import hashlib
 import itertools
 from dataclasses import dataclass, field
@@ -100,6 +102,14 @@ class Buffer:
         self.value = value  # numpy data of a const / index buffer
         self.created_in = tuple(created_in)  # IterDims of the creating context (a prefix of dims)
         self.alias_of: Buffer | None = None
+
+    def __deepcopy__(self, memo):
+        """A copy that shares `value`: a const or index buffer's data is never written, and each
+        coarsening pass copying a captured 4096 x 4096 weight took 0.6 s."""
+        new = copy.copy(self)
+        memo[id(self)] = new
+        new.__dict__.update({k: v if k == "value" else copy.deepcopy(v, memo) for k, v in self.__dict__.items()})
+        return new
 
     def resolve(self) -> "Buffer":
         b = self
