@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import cgen
+import numpy as np
 
 from polyft.errors import CompileError
 from polyft.etdg import OpNode
@@ -15,6 +16,7 @@ from polyft.primitives import getitem_axes
 
 from .c_statements import BINARY, UNARY, StatementBody, ctype, native_dtype
 from .cuda_arena import SHARED_LIMIT, Arena
+from .halves import to_storage
 
 # operand precision of matmuls -> (WMMA element type, k of a fragment, bytes of an element
 # converted into shared memory); float32 has none
@@ -40,25 +42,29 @@ def _pow2(n: int) -> int:
 GEMM_TILES = ((4096, 2), (2048, 2), (1024, 1), (512, 1))
 
 
-def gemm_tiles(P: int, Q: int, trans: bool, precision: str, results: int = 4096, fragments: int = 2) -> tuple:
+def gemm_tiles(P: int, Q: int, trans: bool, precision: str, results: int = 4096, fragments: int = 2,
+               narrow: tuple = (False, False)) -> tuple:
     """(BM, BN, BK, stage bytes) of a GEMM of P x Q results in the tile library: block tiles
     of at most 128 x 128 and `results` (4096: 16 a thread at 256 threads, a 4 x 4 micro-tile,
     few enough registers that kernels calling several GEMMs do not spill), K in chunks of BK
-    (16 in float32, `fragments` fragments' k on tensor cores) double-buffered as floats in
-    rows padded by 4, plus, on tensor cores, one chunk converted, its rows padded by 16
-    bytes. tiles.cuh's Chunks and gemm_tc compute the same bytes and refuse to compile if
-    they differ."""
+    (16 in float32, `fragments` fragments' k on tensor cores) double-buffered in rows padded
+    by 16 bytes: as floats, or on tensor cores as halves for an operand stored narrow (per
+    operand, `narrow`: emit.halves), plus, on tensor cores, one chunk of each other operand
+    converted, its rows padded by 16 bytes. tiles.cuh's Chunks and gemm_tc compute the same
+    bytes and refuse to compile if they differ."""
     tc = PRECISIONS[precision]
     BN = min(128, _pow2(max(Q, 4)), results // (16 if tc else 1))  # fragments: 16 rows at least
     BM = min(128, _pow2(P), results // BN)
     BK = fragments * tc[1] if tc else 16
+    blocks = [(BM, BK), (BN, BK) if trans else (BK, BN)]
 
-    def elements(pad):
-        return BM * (BK + pad) + (BN * (BK + pad) if trans else BK * (BN + pad))
-    nbytes = -(-2 * 4 * elements(4) // 32) * 32
+    def nbytes(rows, cols, size):  # a block of rows padded by 16 bytes
+        return rows * (cols + 16 // size) * size
+    staged = [tc[2] if tc and n else 4 for n in narrow]
+    total = -(-2 * sum(nbytes(r, c, e) for (r, c), e in zip(blocks, staged)) // 32) * 32
     if tc:
-        nbytes += tc[2] * elements(16 // tc[2])
-    return BM, BN, BK, nbytes
+        total += sum(nbytes(r, c, tc[2]) for (r, c), n in zip(blocks, narrow) if not n)
+    return BM, BN, BK, total
 
 
 class CudaStatementBody(StatementBody):
@@ -84,11 +90,49 @@ class CudaStatementBody(StatementBody):
     ACCUMULATE = False  # the tile library's GEMMs start from zero
     ELEMENTS = ("threadIdx.x", "blockDim.x")  # a tile's elements strided over the block's threads
 
-    def __init__(self, *args, precision="fp32", **kw):
+    def __init__(self, *args, precision="fp32", narrow=None, limit=SHARED_LIMIT, **kw):
         super().__init__(*args, **kw)
         self.precision = precision
+        self.limit = limit  # the bytes of shared memory a GEMM's stage should end within
+        self.narrow = narrow or {}  # buffer name -> the C type global memory holds it as (emit.halves)
         self.arena = Arena()  # owners: an OpNode's tile, or "tmp" for one operation's scratch
         self.declared: set = set()
+
+    # -- narrow buffers: loads read as floats through ft::In, stores converted ------------
+    def _stored(self, op) -> str | None:
+        """The C type of a load's narrow buffers (its pieces' buffers are all narrow or none
+        are: emit.halves; constant pieces follow them), else None; a folded getitem's: its
+        input's."""
+        if not isinstance(op, OpNode):
+            return None
+        if op.op == "getitem" and op in getattr(self, "folded", ()):
+            return self._stored(op.inputs[0])
+        names = [pc.buffer.resolve().name for pc in op.pieces if pc.buffer is not None] if op.op == "load" else []
+        return self.narrow.get(names[0]) if names else None
+
+    def _pointer(self, op, restrict: bool = False) -> str:
+        h = self._stored(op)
+        return f"ft::In<{h}>" if h else super()._pointer(op, restrict)
+
+    def _address(self, op, target: str) -> str:
+        h = self._stored(op)
+        return f"ft::In<{h}>{{reinterpret_cast<const {h}*>({target})}}" if h else target
+
+    def _constant(self, op, value) -> np.ndarray:
+        """A narrow load's constant piece: its elements' bits (emit.halves.to_storage)."""
+        h, value = self._stored(op), super()._constant(op, value)
+        return to_storage(value, h).view(np.uint16) if h else value
+
+    def _op_store(self, op):
+        """Into a narrow buffer: each element rounded to its type (ft::narrow)."""
+        h = self.narrow.get(op.buffer.resolve().name)
+        if h is None:
+            return super()._op_store(op)
+        x, s, _ = self._operand(op.inputs[0])
+        dst = self.buffer_ref(op.buffer, [self._index(ix) for ix in op.index])
+        n = max(1, math.prod(op.shape))
+        self.lines.append(cgen.For("int _e = threadIdx.x", f"_e < {n}", "_e += blockDim.x", cgen.Assign(
+            f"({dst})[_e]", f"ft::narrow<{h}>({x}[_e])" if s else f"ft::narrow<{h}>({x}[0])")))
 
     def _release(self, k: int):
         """After operation k and its barrier: free the temporaries and the tiles read last."""
@@ -156,7 +200,7 @@ class CudaStatementBody(StatementBody):
         if not self._is_folded(a, "getitem"):
             return self._operand(a)
         c0, (name, (_, C), dtype) = self._columns(a), self._operand(a.inputs[0])
-        return (lambda k0: f"ft::Rows{{{name} + {c0 + k0}, {C}}}"), a.shape, dtype
+        return (lambda k0: f"ft::rows({name} + {c0 + k0}, {C})"), a.shape, dtype
 
     def _is_folded(self, a, kind: str) -> bool:
         return isinstance(a, OpNode) and a in self.folded and a.op == kind
@@ -257,9 +301,10 @@ class CudaStatementBody(StatementBody):
         if self._is_folded(a_op, "getitem"):  # columns of each instance's tile: rows one stride apart
             x, c0, ld = a_op.inputs[0], self._columns(a_op), a_op.inputs[0].shape[1]
         if x.op == "load":
-            rows = lambda k0: f"ft::Batch<{P}>{{v{x.id}, (int)_nb, {ld}, {c0 + k0}}}"  # noqa: E731
+            t = f"{P}, {self._pointer(x)}" if self._stored(x) else f"{P}"  # narrow loads: ft::In<H>
+            rows = lambda k0: f"ft::Batch<{t}>{{v{x.id}, (int)_nb, {ld}, {c0 + k0}}}"  # noqa: E731
         else:
-            rows = lambda k0: f"ft::Rows{{v{x.id} + {c0 + k0}, {ld}}}"  # noqa: E731
+            rows = lambda k0: f"ft::rows(v{x.id} + {c0 + k0}, {ld})"  # noqa: E731
         self._matmul(op, rows, None, self.batch[1] * P, K, op.shape[1])
         body, self.lines, self._in_batch = self.lines, outer, True
         return body
@@ -275,7 +320,7 @@ class CudaStatementBody(StatementBody):
             raise CompileError(f"the CUDA target multiplies float32 tiles only, not {op.dtype} (shapes "
                                f"{[P, K]} @ {[K, Q]}); cast the operands with .astype(np.float32)",
                                op="matmul", where=op.where)
-        rows = a if callable(a) else (lambda k0: f"ft::Rows{{{a} + {k0}, {K}}}")
+        rows = a if callable(a) else (lambda k0: f"ft::rows({a} + {k0}, {K})")
         into = self.accumulate.get(op)
         if into is None:
             self._decl(op)
@@ -284,10 +329,13 @@ class CudaStatementBody(StatementBody):
         pieces = right.inputs if self._is_folded(right, "concat") else [right]
         tc = PRECISIONS[self.precision] if P % 16 == 0 and Q % 16 == 0 else None
         trans = [self._is_folded(x, "transpose") for x in pieces]
+        narrow = [(self._stored(op.inputs[0]) is not None, self._stored(x.inputs[0] if t else x) is not None)
+                  for x, t in zip(pieces, trans)]
         for limits in GEMM_TILES:  # the largest tiles whose stage fits (the last: an error later, if not)
-            tiles = [gemm_tiles(P, Q, t, self.precision if tc else "fp32", *limits) for t in trans]
+            tiles = [gemm_tiles(P, Q, t, self.precision if tc else "fp32", *limits, narrow=n)
+                     for t, n in zip(trans, narrow)]
             most = max(t[-1] for t in tiles)
-            if self.arena.place(most) + most <= SHARED_LIMIT:
+            if self.arena.place(most) + most <= self.limit:
                 break
         stage = self.arena.alloc(most, "tmp")  # one, for every piece
         k0 = 0
@@ -296,7 +344,7 @@ class CudaStatementBody(StatementBody):
             k = shape[1] if t else shape[0]
             args = f"{P}, {k}, {Q}, {str(into is not None or i > 0).lower()}, {str(t).lower()}, {BM}, {BN}, " \
                    + (f"{BK}, " if tc else "") + str(nbytes)
-            self._gemm(tc, args, out, rows(k0), f"ft::Rows{{{name}, {shape[1]}}}", stage)
+            self._gemm(tc, args, out, rows(k0), f"ft::rows({name}, {shape[1]})", stage)
             k0 += k
 
     def _gemm(self, tc, args: str, out: str, a: str, b: str, stage: str):

@@ -23,6 +23,8 @@
   memory, largest first; so do buffers whose size is not known when generating (a full
   extent of an unknown length): the launch's dynamic shared memory is a number fixed at
   generation.
+* Precision: under "fp16" and "bf16" the float32 buffers in global memory hold halves
+  (emit.halves: `layout.narrow`); the block's local buffers stay float32.
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ from .c_family import MACROS, TILE, const_decl, local_batches, prepare, statemen
 from .c_statements import ctype, native_dtype
 from .cuda_host import GRID_BARRIER, PersistentKernel
 from .cuda_statements import PRECISIONS, CudaStatementBody
+from .halves import narrow_buffers
 from .isl_ast import below, build_ast, call_loops, level
 from .protocol import Module, Target
 
@@ -131,7 +134,8 @@ class CudaTarget(Target):
         nbytes = {name: local_bytes(storage.buffers[name], w, model.sizes) for name, w in local.items()}
         local = {name: w for name, w in local.items() if nbytes[name] is not None}
         while True:  # the statements for these local buffers; again if some must go back to global memory
-            layout, params, namer, consts, ctx, buffer_ref = prepare(model, storage, local)
+            layout, params, namer, consts, ctx, buffer_ref = prepare(
+                model, storage, local, narrow=narrow_buffers(etdg, local, precision))
             arena = [32]
 
             def fits(st, body):
@@ -139,7 +143,11 @@ class CudaTarget(Target):
                 if body.arena.size > cuda_arena.SHARED_LIMIT:
                     raise SharedMemoryError(f"{st.name} keeps {body.arena.size} bytes of tiles in shared memory "
                                             f"(limit {cuda_arena.SHARED_LIMIT}); use smaller tiles", op="emit")
-            body = functools.partial(CudaStatementBody, precision=precision)
+            # the GEMMs' stages leave room for the local buffers (smaller block tiles, if need be):
+            # a block's state kept on chip saves more DRAM traffic than larger tiles save L2 reads
+            need = local_places(storage, local, band_of, nbytes, 0)[1]
+            limit = min(cuda_arena.SHARED_LIMIT, LOCAL_BUDGET - need) if local else cuda_arena.SHARED_LIMIT
+            body = functools.partial(CudaStatementBody, precision=precision, narrow=layout.narrow, limit=limit)
             # not inlined: ptxas allocates registers per statement, not over the whole persistent
             # kernel (inlined, the dilated RNN's gate GEMMs spilled 864 bytes under 128
             # registers); a call costs nanoseconds, a statement's tile operations microseconds

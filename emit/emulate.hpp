@@ -182,6 +182,7 @@ struct __half {
   operator float() const { return (float)h; }
 };
 static inline __half __float2half(float f) { return __half(f); }
+static inline __half __float2half_rn(float f) { return __half(f); }  /* _Float16: to nearest even */
 static inline float __half2float(__half h) { return (float)h; }
 
 static inline float ft_round_mantissa(float f, int drop) { /* round to nearest even, `drop` bits */
@@ -208,6 +209,7 @@ struct __nv_bfloat16 {  /* the upper half of a float's bits, rounded */
   }
 };
 static inline __nv_bfloat16 __float2bfloat16(float f) { return __nv_bfloat16(f); }
+static inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __nv_bfloat16(f); }
 static inline float __bfloat162float(__nv_bfloat16 h) { return (float)h; }
 
 /* -- WMMA --------------------------------------------------------------------------------- */

@@ -117,5 +117,5 @@ def count(module, arrays: list, values: dict) -> tuple:
     runtime = CountingRuntime(module)
     runtime(arrays, values)
     backend = runtime.backend
-    return [backend.counted(a) for a in arrays], backend.launches
+    return [backend.counted(a) for a in runtime.uploaded], backend.launches
 

@@ -8,8 +8,9 @@ from reading the generated code:
   (None, with the reason, where nvcc is absent or fails); launches and grids per call by
   running the module's host driver with a launch callback that only records them.
 * buffers: where each lives (global memory, or a block's shared memory for those the module
-  keeps on chip), its bytes, and the bytes per call its accesses move to and from global
-  memory.
+  keeps on chip), its element as stored (half width under fp16 and bf16: emit.halves), its
+  bytes, and the bytes per call its accesses move to and from global memory; all bytes at the
+  stored width (inputs+outputs too, so the ratios compare like with like).
 * global bytes per call, from the access relations at any lengths (deps.traffic's code
   traffic: every access of every statement instance moves its tile, counted with ISL
   cardinalities, never by enumerating instances), for the buffers in global memory. The
@@ -41,6 +42,7 @@ from polyft.schedule.storage import extents
 from . import runtime_c
 from .c_family import TILE, tiled_loops
 from .c_statements import instance_flops, native_dtype
+from .halves import DTYPES
 from .isl_ast import build_ast, call_loops, level, loop_key
 
 # H100 SXM5: HBM3 bandwidth, dense tensor-core peaks, FP32 (non-tensor) peak, SMs, L2, and the
@@ -277,37 +279,40 @@ def _traffic(model, layout, on_chip: set, batched: dict, sizes: dict, l2_bytes: 
     distinct elements per buffer for the DRAM estimate."""
     code = model_code_traffic(model)
     stmts = {st.name: st for st in model.etdg.statements}
+
+    def stored(name, n):  # bytes of float32 elements as buffer `name` stores them (emit.halves: narrow)
+        return n * DTYPES[layout.narrow[name]].itemsize // 4 if name in layout.narrow else n
     per_st = {name: dict(statement=name, instances=count(d, sizes), global_read_bytes=0, global_written_bytes=0,
                          shared_read_bytes=0) for name, d in model.domains.items()}
     per_buf = {}  # buffer name -> [read, written, shared read]
     elements = {}  # (buffer name, kind) -> isl set of the elements accessed
     for (name, am, m), a in zip(model.accesses, code.accesses):
         buf, st = a.buffer, stmts[name]
-        shared = a.bytes
+        nbytes = shared = stored(buf, a.bytes)
         if a.kind == "read" and name in batched:
             dim = st.dims[batched[name][0]]
             uses = set().union(*((ix.pos.dims if am.is_gather else ix.dims) for ix in am.index)) if am.index else set()
             if dim not in uses:
-                shared = _shared_pairs(m.domain(), batched[name], sizes) * a.tile_bytes
+                shared = _shared_pairs(m.domain(), batched[name], sizes) * stored(buf, a.tile_bytes)
         key = (buf, a.kind)
         elements[key] = m.range() if key not in elements else elements[key].union(m.range())
         row = per_buf.setdefault(buf, [0, 0, 0])
-        row[a.kind == "write"] += a.bytes
+        row[a.kind == "write"] += nbytes
         row[2] += shared if a.kind == "read" else 0
         if buf not in on_chip:
             if a.kind == "read":
-                per_st[name]["global_read_bytes"] += a.bytes
+                per_st[name]["global_read_bytes"] += nbytes
                 per_st[name]["shared_read_bytes"] += shared
             else:
-                per_st[name]["global_written_bytes"] += a.bytes
+                per_st[name]["global_written_bytes"] += nbytes
     rows = []
     for b in layout.buffers:
-        tb = tile_bytes(b)
+        tb = stored(b.name, tile_bytes(b))
         read, written, shared = per_buf.get(b.name, (0, 0, 0))
         distinct_read = count(elements[b.name, "read"], sizes) * tb if (b.name, "read") in elements else 0
         distinct_written = count(elements[b.name, "write"], sizes) * tb if (b.name, "write") in elements else 0
         full = int(np.prod(extents(b.dims, sizes), dtype=np.int64)) * tb
-        stored = int(np.prod(layout.cells_shape(b, sizes), dtype=np.int64)) * native_dtype(b.dtype).itemsize
+        kept = stored(b.name, int(np.prod(layout.cells_shape(b, sizes), dtype=np.int64)) * native_dtype(b.dtype).itemsize)
         placement = "shared" if b.name in on_chip else "global"
         if placement == "shared":
             dram = 0
@@ -316,9 +321,10 @@ def _traffic(model, layout, on_chip: set, batched: dict, sizes: dict, l2_bytes: 
         elif b.kind == "output":
             dram = distinct_written
         else:
-            dram = distinct_written + distinct_read if stored > l2_bytes else 0
+            dram = distinct_written + distinct_read if kept > l2_bytes else 0
         glob = placement == "global"
-        rows.append(dict(buffer=b.name, role=b.kind, placement=placement, full_bytes=full, stored_bytes=stored,
+        rows.append(dict(buffer=b.name, role=b.kind, placement=placement, element=layout.narrow.get(b.name, b.dtype),
+                         full_bytes=full, stored_bytes=kept,
                          global_read_bytes=read if glob else 0, shared_read_bytes=shared if glob else 0,
                          global_written_bytes=written if glob else 0, distinct_read_bytes=distinct_read,
                          distinct_written_bytes=distinct_written, dram_bytes=dram))

@@ -19,14 +19,16 @@ class Layout:
     -> storage.Batch) names the buffers the target keeps in a per-thread scratch it allocates
     itself (their cells are those of one thread's batch); the caller allocates the others.
     `packed` names the read-only buffers of which a call keeps a packed copy (the C target's
-    large shared matrices: c_target.packed_weights)."""
+    large shared matrices: c_target.packed_weights). `narrow` (buffer name -> C type) names the
+    buffers global memory holds at half width (emit.halves; the CUDA target under fp16/bf16)."""
 
-    def __init__(self, etdg, storage=None, local=None, packed=()):
+    def __init__(self, etdg, storage=None, local=None, packed=(), narrow=None):
         self.buffers = list({id(b.resolve()): b.resolve() for b in etdg.buffers}.values())
         self.index = {id(b): k for k, b in enumerate(self.buffers)}
         self.storage = storage
         self.local = dict(local or {})
         self.packed = frozenset(packed)
+        self.narrow = dict(narrow or {})
 
     def slot(self, buf) -> int:
         return self.index[id(buf.resolve())]

@@ -24,6 +24,7 @@ import numpy as np
 from polyft.errors import CompileError, DeviceError
 
 from . import runtime_c
+from .halves import from_storage, to_storage
 from .protocol import Runtime
 
 with open(os.path.join(os.path.dirname(__file__), "emulate.hpp")) as _f:
@@ -242,10 +243,16 @@ class CudaRuntime(Runtime):
 
     def bind(self, arrays: list, values: dict) -> tuple:
         """Uploads the buffers once: `run()` launches the whole program on the resident data,
-        `fetch()` copies the outputs back."""
+        `fetch()` copies the outputs back. A narrow buffer (emit.halves) is converted to its
+        half-width type as it is uploaded, and an output back to float32 as it is fetched;
+        `self.uploaded` holds the host arrays handed to the back end (the emulator's global
+        memory)."""
         layout, params = self.module.layout, self.module.params
-        handles, pointers = [], []
+        handles, pointers, self.uploaded = [], [], []
         for b, a in zip(layout.buffers, arrays):
+            if b.name in layout.narrow:
+                a = to_storage(a, layout.narrow[b.name])
+            self.uploaded.append(a)
             h, p = (None, 0) if layout.batch(b) else self.backend.upload(a)  # local: in the blocks' shared memory
             handles.append(h)
             pointers.append(p)
@@ -262,9 +269,11 @@ class CudaRuntime(Runtime):
             self._driver(launch, *args)
 
         def fetch():
-            for k, (h, a) in enumerate(zip(handles, arrays)):
-                if layout.buffers[k].kind == "output":
-                    arrays[k][...] = self.backend.download(h, a)
+            for k, (h, a) in enumerate(zip(handles, self.uploaded)):
+                b = layout.buffers[k]
+                if b.kind == "output":
+                    got = self.backend.download(h, a)
+                    arrays[k][...] = from_storage(got, layout.narrow[b.name]) if b.name in layout.narrow else got
             return ctx_handle  # keeps the device context alive as long as the caller holds it
         return run, fetch
 

@@ -40,7 +40,7 @@ def test_left_operand_of_two_matmuls_unbatched():
     w1, w2 = rand((8, 8), 4), rand((8, 8), 5)
     xs, h0 = flist([5], [4, 8], 6), rand((4, 8), 7)
     prog = ft.compile(lambda xs, h0: _gated_scan(xs, h0, w1, w2), xs, h0, target="cuda-emulated")
-    assert prog.source.count("ft::Rows{v0 + 0, 8}") == 2
+    assert prog.source.count("ft::rows(v0 + 0, 8)") == 2
     assert rel_error(prog(xs, h0), _gated_scan(xs, h0, w1, w2)) < 1e-5
 
 

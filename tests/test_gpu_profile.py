@@ -17,12 +17,13 @@ def _by_buffer(df):
     return {row.buffer: row for row in df.itertuples()}
 
 
-def _check_counts(prog, fn, inputs):
+def _check_counts(prog, fn, inputs, tolerance=1e-5):
     """The emulator's bytes per buffer against the model's: stores exactly; loads between the
     count with a batch's common loads shared and the count with none shared (equal where
-    every load uses the batched dim). The instrumented build computes what eager does."""
+    every load uses the batched dim). The instrumented build computes what eager does (within
+    `tolerance`: the precision's)."""
     counted = prog.emulated_traffic(*inputs)
-    assert rel_error(counted.attrs["outputs"], fn(*inputs)) < 1e-5
+    assert rel_error(counted.attrs["outputs"], fn(*inputs)) < tolerance
     emulated = _by_buffer(counted)
     profile = prog.gpu_profile()
     model = _by_buffer(profile.buffers)
