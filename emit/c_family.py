@@ -8,9 +8,10 @@ import cgen
 import numpy as np
 
 from polyft.deps.isl_helpers import Namer
+from polyft.ragged import Ragged
 from polyft.schedule.storage import BATCH, Batch
 
-from .c_statements import NAN_MACROS, ctype, shared_matmul_rows, shared_matmul_work
+from .c_statements import NAN_MACROS, aff_c, ctype, shared_matmul_rows, shared_matmul_work
 from .isl_ast import call_loops, level, loop_key, tileable_loops
 from .protocol import Layout
 
@@ -100,12 +101,40 @@ def statement_functions(etdg, namer, buffer_ref, consts: dict, body_class, quali
         lines = body.generate()
         if check is not None:
             check(st, body)
+        guard = ragged_guard(st, pos, lambda d, names=names: names[d], buffer_ref)
         args = [cgen.Value("const long", names[d]) for d in st.dims]
-        args += [cgen.Value("const long", "_nb")] if pos is not None else []
+        args += [cgen.Value("const long", "_nb_all" if guard and pos is not None else "_nb")] if pos is not None else []
+        lines = guard + list(lines)
         name = st.name if pos is None else f"{st.name}_t{pos}"
         functions.append(cgen.FunctionBody(cgen.FunctionDeclaration(cgen.Value(qualifiers, name), args + [ctx_arg]),
                                            cgen.Block(lines)))
     return functions
+
+
+def ragged_guard(st, pos, dim, buffer_ref) -> list:
+    """The lines that skip the instances of `st` past their ragged dims' lengths (`k < len[i]`;
+    read from the call-time buffer of lengths): return at once, so no padding work is done. In
+    the variant running `_nb_all` values of dim `pos` from its value on, the run stops at the
+    length (`batchable` keeps that dim out of the lengths' index)."""
+    lines = []
+    for d in st.dims:
+        if isinstance(d.extent, Ragged):
+            n = f"((long){buffer_ref(d.extent.lengths, [aff_c(a, dim, param_c, None) for a in d.extent.at])}[0])"
+            if pos is not None and st.dims[pos] is d:
+                lines.append(cgen.Line(f"const long _nb = min(_nb_all, {n} - {dim(d)});"))
+                lines.append(cgen.Line("if (_nb <= 0) return;"))
+            else:
+                lines.append(cgen.Line(f"if ({dim(d)} >= {n}) return;"))
+    if pos is not None and lines and not any(l.text.startswith("const long _nb") for l in lines):
+        lines.insert(0, cgen.Line("const long _nb = _nb_all;"))
+    return lines
+
+
+def batchable(st, pos: int) -> bool:
+    """Whether one call may run consecutive values of dim `pos` of `st`: not where a ragged
+    dim's length is read at that dim (its instances would have different lengths)."""
+    d = st.dims[pos]
+    return not any(isinstance(e.extent, Ragged) and any(d in a.dims for a in e.extent.at) for e in st.dims)
 
 
 def tiled_loops(etdg, ast, parallel: list, size: int, rows: int | None = None) -> dict:
@@ -120,7 +149,8 @@ def tiled_loops(etdg, ast, parallel: list, size: int, rows: int | None = None) -
                    default=1)
         return max(1, min(size, rows // most)) if rows else size
     return tileable_loops(ast, parallel, width,
-                          lambda name, pos: shared_matmul_work(by_name[name].ops, by_name[name].dims[pos]))
+                          lambda name, pos: shared_matmul_work(by_name[name].ops, by_name[name].dims[pos]),
+                          lambda name, pos: batchable(by_name[name], pos))
 
 
 def local_batches(etdg, storage, ast, parallel: list, tiles: dict, in_order: bool) -> dict:
