@@ -412,11 +412,12 @@ def draw_compile_time(df) -> Figure:
         e = exponent(df, family)
         ax.set_title(f"{family}" + ("" if e is None else f": total ~ size^{e:.2f}"), fontsize=10)
         ax.set_xlabel(f"{g['size_is'].iloc[0]} (log2)")
-        ax.set_ylabel("seconds (log)")
+        ax.set_ylabel("CPU seconds (log)")
     fig.suptitle("compile time: each stage of ft.compile against the program's size", fontsize=11, y=0.995)
     _legend(fig, axes, y=0.94, ncol=10)
     fig.text(0.01, 0.005, f"CPU: {', '.join(sorted(set(df['device'])))}; commit "
-             f"{', '.join(sorted(set(df['commit'].astype(str))))}; one run per program, the C compiler's cache empty",
+             f"{', '.join(sorted(set(df['commit'].astype(str))))}; one run per program, the C compiler's cache empty; "
+             "CPU time of polyft and the compiler (wall time in the CSV)",
              fontsize=6.5, va="bottom", ha="left", color="dimgray")
     fig.tight_layout(rect=(0, 0.04, 1, 0.9))
     return fig
