@@ -263,6 +263,15 @@ def test_memory_prose_numbers_are_the_csv():
     assert rounds_to(m.group(3), at_threads(rows.loc["flash_attention"], threads))
     m = re.search(r"flash attention's thread keeps the states of .*? \(([\d.]+ MB)\)", text)
     assert m and rounds_to(m.group(1), rows.loc["flash_attention"].intermediate_local_bytes)
+    fa = rows.loc["flash_attention"]
+    m = re.search(r"\(m, l, o\) of every key tile: ([\d.]+ GB) in all for ([\d.]+ GB) of data", text)
+    assert m and rounds_to(m.group(1), fa.total_full_bytes) and rounds_to(m.group(2), fa.io_bytes)
+    m = re.search(r"the code moves ([\d.]+ GB) in all, ([\d.]+ GB) of it to and from shared memory .*? the "
+                  r"generated code moves ([\d.]+ GB) .*? the deferred plan's ([\d.]+ GB)", text)
+    assert m, "the Memory section's sentence on bytes moved moved: update this test"
+    for shown, value in zip(m.groups(), (fa.code_bytes_moved_with_local, fa.code_bytes_moved,
+                                         fa.code_dram_bytes_ideal_cache, fa.deferred_model_bytes)):
+        assert rounds_to(shown, value), (shown, value)
 
 
 def test_the_csv_scratch_is_prog_memory():
