@@ -131,7 +131,7 @@ def command(names, args, steps=()) -> int:
 
 
 def artefact_list() -> str:
-    """The artefacts of the registry, one paragraph each: name, what it reproduces, its files."""
+    """The artefacts of the registry, one line each: name, what it reproduces, its files."""
     lines = ["artefacts (experiments/registry.py; files carry the preset: fig7_quick.csv, fig7_paper.csv):"]
     for name, a in ARTEFACTS.items():
         lines.append(f"  {name:<16}{a.paper}: {', '.join(a.files)}")
@@ -151,7 +151,10 @@ DESCRIPTION = "Run the paper's artefacts (all, or those named), print each one's
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """`polyft reproduce`'s arguments: the artefacts, then preset_args and run_args."""
+    """`polyft reproduce`'s command line on `parser`: its description, the artefacts listed after
+    the options, and the arguments (the artefacts, then preset_args and run_args)."""
+    parser.description, parser.epilog = DESCRIPTION, artefact_list()
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("artefacts", nargs="*", metavar="ARTEFACT", help="which artefacts (default: all; listed below)")
     preset_args(parser)
     run_args(parser)
@@ -160,8 +163,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run_all(argv=None) -> int:
     """`polyft reproduce` as `python -m polyft.experiments.reproduce`: the same arguments, run and
     exit status (a PolyftError: one line, status 2)."""
-    ap = argparse.ArgumentParser(prog="python -m polyft.experiments.reproduce", description=DESCRIPTION,
-                                 epilog=artefact_list(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m polyft.experiments.reproduce")
     add_arguments(ap)
     args = ap.parse_args(argv)
     try:

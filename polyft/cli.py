@@ -12,7 +12,7 @@ import islpy as isl
 from polyft.deps.isl_helpers import union_map
 from polyft.deps.model import check_sizes
 from polyft.emit.isl_ast import build_ast
-from polyft.experiments.reproduce import DESCRIPTION, add_arguments, artefact_list, command
+from polyft.experiments.reproduce import add_arguments, command
 from polyft.schedule.coarsen import coarsen
 from polyft.schedule.reorder import bounds
 from polyft.schedule.schedule import make_schedule, schedule_kind, time_rows, user_schedule
@@ -292,9 +292,7 @@ def main(argv=None) -> int:
                         "sequential steps as written and auto, the wavefront's hyperplanes; a bundled workload's "
                         "lengths not in --size are the small preset's, your own program needs --size for each")
     p.set_defaults(run=cmd_inspect)
-    p = sub.add_parser("reproduce", help="run the paper's experiments into a fresh folder (--out DIR to choose)",
-                       description=DESCRIPTION, epilog=artefact_list(),
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser("reproduce", help="run the paper's experiments into a fresh folder (--out DIR to choose)")
     add_arguments(p)
     p.set_defaults(run=cmd_reproduce)
     args = parser.parse_args(argv)
