@@ -22,7 +22,7 @@ CUDA) is run once inside an NVTX range and profiled, summing over its kernels:
         --nvtx --nvtx-include "table7/" --target-processes all \\
         python -m polyft.experiments.table7 --ncu-child bigbird polyft-cuda-auto
 
-(DRAM, L2 and L1 bytes as in the paper's Table 7) -> results/table7_ncu_paper.csv. Without a
+(DRAM, L2 and L1 bytes as in the paper's Table 7) -> <--out DIR>/table7_ncu_paper.csv. Without a
 GPU or without `ncu` on PATH, `--ncu` stops with an error saying which is missing.
 
     python -m polyft.experiments.table7 [--quick | --paper] [--out DIR] [--resume] [--ncu]
