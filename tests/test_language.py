@@ -3,6 +3,7 @@
 import shutil
 import subprocess
 
+import islpy as isl
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -188,9 +189,11 @@ def test_property_reshape_chains_compiled_equal_numpy(chain, seed):
     xs = ft.FractalTensor.from_numpy(rand((3,) + shape, seed), 1)
     expected = np.stack([numpy_chain(x, steps) for x in xs.to_numpy()])
     np.testing.assert_array_equal(ft.map(lambda x: apply_chain(x, steps), xs).to_numpy(), expected)
-    prog = ft.compile(lambda xs: ft.map(lambda x: apply_chain(x, steps), xs), xs)
     fresh = ft.FractalTensor.from_numpy(rand((3,) + shape, seed + 1), 1)
-    np.testing.assert_array_equal(prog(fresh).to_numpy(), np.stack([numpy_chain(x, steps) for x in fresh.to_numpy()]))
+    for target in TARGETS:
+        prog = ft.compile(lambda xs: ft.map(lambda x: apply_chain(x, steps), xs), xs, target=target)
+        np.testing.assert_array_equal(prog(fresh).to_numpy(),
+                                      np.stack([numpy_chain(x, steps) for x in fresh.to_numpy()]), err_msg=target)
 
 
 def heads_program(xs, wq):
@@ -309,9 +312,10 @@ def test_property_list_reshapes_are_views_equal_to_numpy_eagerly_and_compiled(ch
     got = apply_list_chain(xs, steps)
     np.testing.assert_array_equal(got.to_numpy(), expected)
     fresh = rand(lengths + (2,), seed + 1)
-    prog = ft.compile(lambda xs: apply_list_chain(xs, steps), xs)
-    np.testing.assert_array_equal(prog(ft.FractalTensor.from_numpy(fresh, len(lengths))).to_numpy(),
-                                  numpy_list_chain(fresh, steps))
+    for target in TARGETS:
+        prog = ft.compile(lambda xs: apply_list_chain(xs, steps), xs, target=target)
+        np.testing.assert_array_equal(prog(ft.FractalTensor.from_numpy(fresh, len(lengths))).to_numpy(),
+                                      numpy_list_chain(fresh, steps), err_msg=target)
 
 
 def blocked_matmul(a, b):
@@ -394,10 +398,12 @@ def test_embedding_lookup_by_call_time_ids_equals_numpy_indexing(target):
         assert rel_error(prog(table, idss), expected) < 1e-6
 
 
-def test_runtime_gather_is_a_may_read_of_the_whole_dim_and_int32_ids_work():
+@pytest.mark.parametrize("target", TARGETS)
+def test_runtime_gather_is_a_may_read_of_the_whole_dim_and_int32_ids_work(target):
     table = ft.FractalTensor.from_numpy(rand((6, 2), 33), 1)
-    ids = ids_of((9,), 6, 34, np.int32)
-    prog = ft.compile(lambda table, ids: table.gather(ids).map(lambda e: e + 1.0), table, ids)
+    prog = ft.compile(lambda table, ids: table.gather(ids).map(lambda e: e + 1.0), table,
+                      ids_of((9,), 6, 34, np.int32), target=target)
+    ids = ids_of((9,), 6, 32, np.int32)  # fresh ids
     np.testing.assert_array_equal(prog(table, ids).to_numpy(), table.to_numpy()[ids.to_numpy()] + 1)
     reads = str(prog.model.reads)
     assert "table[" in reads and "0 <= g0 <= 5" in reads.replace("g0 < 6", "g0 <= 5")  # every row may be read
@@ -438,6 +444,9 @@ def test_runtime_gather_from_a_computed_list_waits_for_all_of_it(target):
     ids = ids_of((9,), 7, 41)
     prog = ft.compile(f, table, ids, target=target)
     assert rel_error(prog(table, ids), 3.0 * table.to_numpy()[ids.to_numpy()] + 1.0) < 1e-6
+    every_pair = isl.UnionMap("{ S_b0[g] -> S_b1[q] : 0 <= g < 7 and 0 <= q < 9 }")
+    assert every_pair.is_subset(prog.deps.may_flow)  # each gathered row after each write of the table
+    assert prog.deps.flow.is_empty()  # no exact dependence: the ids are not known when it is scheduled
 
 
 # -- scatter_add / index_add -----------------------------------------------------------------
@@ -498,6 +507,26 @@ def test_scatter_ids_are_checked_on_each_call_and_must_come_from_an_input(monkey
         ft.scatter_add(rand((9, 4), 55), np.zeros(8, np.int64), 3)
 
 
+SEGMENTS = np.array([3, 0, 3, 1, 0, 3, 2, 2, 0])  # ids known when traced: no row 4
+
+
+def segment_sum_and_max(xs):
+    return xs.map(lambda x: (ft.scatter_add(x, SEGMENTS, 5), ft.index_add(x, SEGMENTS, 5, combine="max")))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_scatter_add_by_ids_known_when_traced_equals_numpys_ufunc_at(target):
+    prog = ft.compile(segment_sum_and_max, ft.FractalTensor.from_numpy(rand((2, 9, 3), 56), 1), target=target)
+    x = rand((2, 9, 3), 57).astype(np.float64)
+    sums, maxes = np.zeros((2, 5, 3)), np.full((2, 5, 3), -np.inf)
+    for b in range(2):
+        np.add.at(sums[b], SEGMENTS, x[b])
+        np.maximum.at(maxes[b], SEGMENTS, x[b])
+    got_sum, got_max = prog(ft.FractalTensor.from_numpy(x.astype(np.float32), 1))
+    same_values(got_sum.to_numpy(), sums)
+    same_values(got_max.to_numpy(), maxes)  # row 4: -inf
+
+
 # -- the CUDA target's source for all of it compiles for real GPUs ---------------------------
 def everything(table, idss, idt, xs):
     """Each new construct once: math, a permute and reshapes, a runtime gather (ids as a list),
@@ -511,18 +540,27 @@ def everything(table, idss, idt, xs):
     return emb, g, h, ft.transpose(emb.window(2, dilation=2)).map(lambda w: w.map(lambda r: r.map(lambda v: v * 2.0)))
 
 
+def everything_inputs(seed):
+    table = ft.FractalTensor.from_numpy(rand((11, 1, 4), seed), 1)
+    ids = np.random.default_rng(seed + 1).integers(0, 11, (3, 6)).astype(np.int64)
+    return (table, ft.FractalTensor.from_numpy(ids, 2), ft.FractalTensor.from_numpy(ids, 1),
+            ft.FractalTensor.from_numpy(rand((3, 6, 2), seed + 2), 1))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_construct_in_one_program_equals_eager(target):
+    prog = ft.compile(everything, *everything_inputs(60), target=target)
+    args = everything_inputs(63)  # fresh values and ids
+    with np.errstate(all="ignore"):
+        expected = everything(*args)
+    for g, e in zip(prog(*args), expected):
+        same_values(g.to_numpy(), e.to_numpy())
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed on this machine")
 def test_nvcc_compiles_every_construct_for_sm80_and_sm90(tmp_path):
     from polyft.emit.cuda_target import CudaTarget
-    table = ft.FractalTensor.from_numpy(rand((11, 1, 4), 60), 1)
-    ids = np.random.default_rng(61).integers(0, 11, (3, 6)).astype(np.int64)
-    args = (table, ft.FractalTensor.from_numpy(ids, 2), ft.FractalTensor.from_numpy(ids, 1),
-            ft.FractalTensor.from_numpy(rand((3, 6, 2), 62), 1))
-    with np.errstate(all="ignore"):
-        expected = everything(*args)
-    for g, e in zip(ft.compile(everything, *args, target="cuda-emulated")(*args), expected):
-        same_values(g.to_numpy(), e.to_numpy())
-    prog = ft.analyze(everything, *args)
+    prog = ft.analyze(everything, *everything_inputs(60))
     (tmp_path / "k.cu").write_text(CudaTarget().generate(prog.model, prog.schedule).source)
     r = subprocess.run(["nvcc", "-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90",
                         "-c", str(tmp_path / "k.cu"), "-o", str(tmp_path / "k.o")], capture_output=True, text=True)

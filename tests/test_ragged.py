@@ -165,8 +165,9 @@ def test_stacked_lstm_from_a_spec_runs_any_batch():
 
 
 def test_no_padding_work_in_the_emulator():
-    """The emulator counts every store: the cell statement runs once per word and layer (48 of
-    the bounding domain's 6 * 3 * 6 = 108 instances), its gates 4 times that."""
+    """The emulator counts every load and store: the cell statement runs once per word and layer
+    (63 of the bounding domain's 6 * 3 * 6 = 108 instances), its gates 4 times that (each gate
+    instance loads its [4, 4] weight once), the first layer's gates read each word 4 times."""
     args = lstm_inputs(ONE_TO_L, 21)
     prog = ft.compile(stacked_lstm.program, *args, target="cuda-emulated")
     traffic = prog.emulated_traffic(*args).set_index("buffer")
@@ -174,6 +175,8 @@ def test_no_padding_work_in_the_emulator():
     ran = 3 * sum(ONE_TO_L)
     assert traffic.loc["hsss", "written_bytes"] == ran * tile
     assert traffic.loc["csss", "written_bytes"] == ran * tile
+    assert traffic.loc["wss", "read_bytes"] == 4 * ran * H * tile
+    assert traffic.loc["xss", "read_bytes"] == 4 * sum(ONE_TO_L) * tile
     assert ran < 3 * len(ONE_TO_L) * L
 
 
