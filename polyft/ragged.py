@@ -155,8 +155,9 @@ def padded(x, level: int, lens: np.ndarray, width: int) -> np.ndarray:
 
 def check_lengths(r: RaggedInput, lens: np.ndarray, bound: int) -> None:
     """Lengths within [minimum, bound], else an InputError naming the element (nothing runs)."""
+    shown = str(bound) if str(r.bound) == str(bound) else f"{r.bound} = {bound}"
     for bad, what in ((lens < r.minimum, f"shorter than {r.minimum} ({r.why})" if r.minimum else "negative"),
-                      (lens > bound, f"longer than the bound {r.bound} = {bound} the program was compiled for")):
+                      (lens > bound, f"longer than the bound {shown} the program was compiled for")):
         if bad.any():
             k = tuple(int(v) for v in np.argwhere(bad)[0])
             raise InputError(f"input {r.name}: element {list(k)} has length {int(lens[k])}, {what}; nothing ran",

@@ -236,7 +236,10 @@ def test_too_long_for_the_compiled_bound(no_native):
         prog(sentences([2, 5, 1], 40))  # too-long-here
     e = info.value
     assert e.op == "call" and "input xss" in str(e) and "element [1] has length 5" in str(e) and "<=4" not in str(e)
-    assert "bound 4" in str(e) and "nothing ran" in str(e) and "too-long-here" in e.where
+    assert "longer than the bound 4 the program was compiled for; nothing ran" in str(e) and "too-long-here" in e.where
+    at_size = no_native(scanned, ft.spec("[N, <=L]float32[1, 4]"), sizes={"L": 4})  # a symbolic bound, sized
+    with pytest.raises(errors.InputError, match="element \\[1\\] has length 5, longer than the bound L = 4 the"):
+        at_size(sentences([2, 5, 1], 40))
 
 
 def test_fold_needs_a_word(no_native):
