@@ -191,12 +191,27 @@ class ListBase:
 class FractalTensor(ListBase):
     """An eager nested list of static-shape numpy tensors (paper §4.1)."""
 
-    def __init__(self, items, depth: int, element_shape, dtype: str):
-        """Wrap items as they are, unchecked and uncopied; users build with from_numpy/from_list."""
-        self._items = list(items)
+    def __init__(self, items, depth: int, element_shape, dtype: str, dense=None):
+        """Wrap items as they are, unchecked and uncopied; users build with from_numpy/from_list.
+
+        `dense` (with items None): a read-only array whose leading `depth` axes are the list.
+        Its items are made on first use: a compiled program's [16, 8, 32] output is one view
+        per call, not 4,000 (a third of a small LSTM call went to making them), and it goes
+        back to the generated code as that array, without a copy.
+        """
+        self._list = None if items is None else list(items)
+        self._dense = dense
         self._depth = depth
         self._element_shape = tuple(element_shape)
         self._dtype = dtype
+
+    @property
+    def _items(self) -> list:
+        if self._list is None:
+            arr, depth = self._dense, self._depth
+            self._list = [arr[i, ...] if depth == 1 else FractalTensor._wrap(arr[i], depth - 1, self._dtype)
+                          for i in range(arr.shape[0])]
+        return self._list
 
     # -- construction --------------------------------------------------------------------
     @classmethod
@@ -211,9 +226,8 @@ class FractalTensor(ListBase):
 
     @classmethod
     def _wrap(cls, arr, depth, dtype):
-        items = [arr[i, ...] if depth == 1 else cls._wrap(arr[i], depth - 1, dtype)
-                 for i in range(arr.shape[0])]
-        return cls(items, depth, arr.shape[depth:], dtype)
+        """The read-only `arr` as a list of depth `depth` (its items made when first used)."""
+        return cls(None, depth, arr.shape[depth:], dtype, dense=arr)
 
     @classmethod
     def zeros(cls, lengths, element_shape, dtype: str = "float32") -> "FractalTensor":
@@ -280,7 +294,7 @@ class FractalTensor(ListBase):
 
     # -- inspection ----------------------------------------------------------------------
     def __len__(self):
-        return len(self._items)
+        return len(self._items) if self._dense is None else self._dense.shape[0]
 
     def __iter__(self):
         return iter(self._items)
@@ -299,6 +313,8 @@ class FractalTensor(ListBase):
 
     def _level_lengths(self) -> list:
         """For each level, outermost first, the set of lengths its lists have (empty: none there)."""
+        if self._dense is not None:
+            return [{n} for n in self._dense.shape[:self._depth]]
         levels, nodes = [], [self]
         for level in range(self._depth):
             levels.append({len(n) for n in nodes})
@@ -333,10 +349,21 @@ class FractalTensor(ListBase):
 
     def to_numpy(self) -> np.ndarray:
         """A dense copy with the programmable axes first; ragged lists cannot be dense."""
+        if self._dense is not None:
+            return self._dense.copy()
         out = np.empty(self._regular_lengths("to_numpy") + self._element_shape, self._dtype)
         for i, item in enumerate(self._items):
             out[i] = item if self._depth == 1 else item.to_numpy()
         return out
+
+    def dense_view(self) -> np.ndarray:
+        """The list as one read-only array: the array it is a view of (from_numpy, a compiled
+        program's output) without a copy, else a dense copy (to_numpy's)."""
+        if self._dense is not None:
+            return self._dense
+        arr = self.to_numpy()
+        arr.flags.writeable = False
+        return arr
 
     # -- access operators ----------------------------------------------------------------
     def _like(self, items, depth: int | None = None) -> "FractalTensor":

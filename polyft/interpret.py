@@ -29,7 +29,7 @@ def bind_params(etdg: ETDG, args) -> dict:
             raise InputDepthError(f"input {name} should be {buf.type} (a list of depth {buf.depth}), got the list "
                                   f"{arg.type_string} of depth {arg.depth}; FractalTensor.from_numpy(array, "
                                   f"depth={buf.depth}) groups an array as compiled", op="run")
-        arr = arg.to_numpy() if isinstance(arg, FractalTensor) else np.asarray(arg)
+        arr = arg.dense_view() if isinstance(arg, FractalTensor) else np.asarray(arg)
         if arr.shape[buf.depth:] != buf.element_shape or arr.ndim != buf.depth + len(buf.element_shape):
             raise InputError(f"input {name} should be {buf.type}, got an array of shape {list(arr.shape)}",
                              op="run")

@@ -282,7 +282,7 @@ class CompiledProgram(Program):
         for (name, buf), arg in zip(self.etdg.inputs, inputs):
             if buf is None:
                 continue
-            arr = arg.to_numpy() if isinstance(arg, FractalTensor) else np.asarray(arg)
+            arr = arg.dense_view() if isinstance(arg, FractalTensor) else np.asarray(arg)
             if arr.dtype != np.dtype(buf.dtype):
                 raise InputError(f"input {name} should be {buf.dtype}, got {arr.dtype}", op="call")
             storage[buf] = np.ascontiguousarray(arr, dtype=native_dtype(buf.dtype))

@@ -24,6 +24,27 @@ def test_from_numpy_depth_2_describes_the_array_and_views_it():
     np.testing.assert_array_equal(xss.to_numpy(), arr)
 
 
+def test_a_list_viewing_an_array_hands_it_back_without_a_copy():
+    """from_numpy and a compiled program's outputs keep the array they view: dense_view() is
+    that array (read-only), to_numpy() a writable copy, and the items equal its slices."""
+    arr = rand((4, 3, 2, 5), seed=3)
+    xss = ft.FractalTensor.from_numpy(arr, depth=2)
+    view = xss.dense_view()
+    assert np.shares_memory(view, arr) and not view.flags.writeable and view.shape == arr.shape
+    copy = xss.to_numpy()
+    assert copy.flags.writeable and not np.shares_memory(copy, arr)
+    np.testing.assert_array_equal(copy, arr)
+    assert xss.type_string == "[4, 3]float32[2, 5]" and xss.is_regular
+    np.testing.assert_array_equal(np.stack([np.stack(list(xs)) for xs in xss]), arr)
+    listed = ft.FractalTensor.from_list([[arr[i, j] for j in range(3)] for i in range(4)])
+    assert not np.shares_memory(listed.dense_view(), arr)  # a list of separate arrays: a copy
+    np.testing.assert_array_equal(listed.dense_view(), arr)
+    prog = ft.compile(lambda xss: xss.map(lambda xs: xs.map(lambda x: x * 2.0)), xss)
+    out = prog(xss)
+    np.testing.assert_array_equal(out.to_numpy(), 2.0 * arr)
+    assert not out.dense_view().flags.writeable and np.shares_memory(out.dense_view(), out[3][2])
+
+
 def test_from_numpy_of_a_vector_has_0d_elements_that_are_views():
     arr = rand(6, seed=1)
     xs = ft.FractalTensor.from_numpy(arr, 1)
