@@ -17,6 +17,8 @@ from polyft.errors import CompileError
 from polyft.etdg import Gather, OpNode, depends_on, shared_matmuls
 from polyft.primitives import getitem_axes
 
+from .isa import Kernel
+
 CTYPES = {"float32": "float", "float64": "double", "float16": "float", "int64": "long long",
           "int32": "int", "uint16": "unsigned short"}  # uint16: the bits of half-width constants
 # numpy's NaN rule for comparisons: a NaN operand wins (`x != x` only for NaN), unlike fmax/fmin
@@ -175,10 +177,13 @@ def instance_flops(ops) -> int:
                for op in ops)
 
 
+SPLAT_BYTES = 1 << 16  # the most stack a row block's splatted left elements take (K = 1024 on SSE's 4 rows)
+
+
 def panel_width(kernel, Q: int) -> int:
     """Columns of the panels the GEMM micro-kernel `kernel` (rows, vectors, lanes) walks a
     right matrix of Q columns by: all its vectors where they divide Q, else one."""
-    _, NV, L = kernel
+    NV, L = kernel[1], kernel[2]
     return L * (NV if Q % (L * NV) == 0 else 1)
 
 
@@ -215,7 +220,7 @@ class StatementBody:
         self.const_ref = const_ref  # numpy array -> name of a static const array
         self.batch = batch
         self.batched: set = set()
-        self.kernel = kernel  # the GEMM micro-kernel: (rows, vectors, floats per vector) of accumulators
+        self.kernel = Kernel(*kernel)  # the GEMM micro-kernel: rows x vectors of accumulators, lanes, splat
         self.packed = packed  # names of the buffers whose matrices the call has packed in panels
         self.functions = functions  # signature -> (name, function): the module's functions the statements call
         self.sums: dict = {}  # add -> the two matmuls it sums, computed as one GEMM (_matmul_sums)
@@ -737,8 +742,11 @@ class StatementBody:
         emit/isa.py) when L divides Q, else plain loops. `a_row(r)` / `out_row(r)` are C
         pointers to row r; `b` points to the right matrix, row-major (panel None) or packed in
         panels of `panel` columns. With `init_row(r)`, out = that row + the products (the
-        accumulators start from it), times `init_scale[r]` where given (a C pointer to a value a row)."""
-        MR, NV, L = self.kernel
+        accumulators start from it), times `init_scale[r]` where given (a C pointer to a value a row).
+        With kernel.splat, a row block's left elements are splatted into vectors (`_ab<term>`)
+        before its columns are walked, where that takes at most SPLAT_BYTES of the stack."""
+        MR, NV, L, splat = self.kernel
+        splat = splat and sum(K for K, *_ in terms) * MR * L * 4 <= SPLAT_BYTES
         NV = NV if Q % (L * NV) == 0 else 1
         if Q % L or t != "float":
             assert all(panel is None for *_, (_, panel) in terms)
@@ -769,14 +777,19 @@ class StatementBody:
                           if init_scale]
             else:
                 start = [cgen.Line(f"ft_vec {', '.join(f'{c} = {{0}}' for row in acc for c in row)};")]
-            steps = []
+            steps, splats = [], []
             for k, (K, _, (b, panel)) in enumerate(terms):
                 assert panel in (None, L * NV)
                 at = f"_m*{Q} + _q0" if panel is None else f"_q0*{K} + _m*{panel}"  # panel _q0 / panel starts at _q0*K
+                left = (lambda i: f"_ab{k}[_m][{i}]") if splat else (lambda i: f"_a{k}[{i}][_m]")
                 steps.append(cgen.For("int _m = 0", f"_m < {K}", "_m++", cgen.Block(
                     [cgen.Line(f"ft_vec _w{v};") for v in range(NV)]
                     + [cgen.Statement(f"memcpy(&_w{v}, {b} + {at} + {L * v}, sizeof _w{v})") for v in range(NV)]
-                    + [cgen.Line(f"{acc[i][v]} += _a{k}[{i}][_m] * _w{v};") for i in range(MR) for v in range(NV)])))
+                    + [cgen.Line(f"{acc[i][v]} += {left(i)} * _w{v};") for i in range(MR) for v in range(NV)])))
+                if splat:
+                    splats += [cgen.Line(f"ft_vec _ab{k}[{K}][{MR}];"), cgen.For(
+                        "int _m = 0", f"_m < {K}", "_m++", cgen.Block(
+                            [cgen.Line(f"_ab{k}[_m][{i}] = (ft_vec){{0}} + _a{k}[{i}][_m];") for i in range(MR)]))]
             store = [cgen.Statement(f"memcpy(_o[{i}] + _q0 + {L * v}, &{acc[i][v]}, sizeof {acc[i][v]})")
                      for v in range(NV) for i in range(MR)]
             if tail:
@@ -785,7 +798,7 @@ class StatementBody:
             return cgen.For(f"int _r0 = {first}", last, f"_r0 += {MR}", cgen.Block([
                 cgen.Line(" ".join(f"const {t}* _a{k}[{MR}];" for k in range(len(terms))) + f" {t}* _o[{MR}];"
                           + (f" const {t}* _x[{MR}];" if init_row else "") + (f" {t} _s[{MR}];" if init_scale else "")),
-                cgen.For("int _i = 0", f"_i < {MR}", "_i++", cgen.Block(rows)),
+                cgen.For("int _i = 0", f"_i < {MR}", "_i++", cgen.Block(rows)), *splats,
                 cgen.For("int _q0 = 0", f"_q0 < {Q}", f"_q0 += {L * NV}", cgen.Block([
                     *start] + steps + store))]))
         # blocks of the kernel's MR rows, then the last `_rt` rows in blocks of MT = 4 (2 where

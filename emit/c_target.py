@@ -29,7 +29,8 @@ from .c_family import (MACROS, TILE, StatementCalls, const_decl, local_batches, 
 from .c_statements import StatementBody, ctype, instance_flops, length_c, native_dtype, packed_right, panel_width
 from .isl_ast import below, build_ast, call_name, evaluate, has_parallel, to_cgen, upper_bound
 from .protocol import Module, Target
-from .isa import current, march
+from .isa import Kernel, current, march
+from .isa import kernel as isa_kernel
 
 with open(os.path.join(os.path.dirname(__file__), "vecmath.h")) as _f:
     VECMATH = _f.read()
@@ -113,6 +114,7 @@ TILE_ROWS = 128  # rows of a tiled statement's products: its temporaries stay in
 # the matrix, so only matrices that meet PACK_ROWS rows of left operands in a call are packed.
 PACK_BYTES = 1 << 20
 PACK_ROWS = 64
+CACHE_LINE = 64  # bytes
 ASSUMED_TRIPS = 16  # the iterations the cost model assumes of a loop whose bounds it cannot evaluate
 
 
@@ -148,8 +150,8 @@ class CTarget(Target):
         tiles = tiled_loops(etdg, ast, schedule.parallel, TILE, TILE_ROWS)
         local = local_batches(etdg, storage, ast, schedule.parallel, tiles, True)
         level, spec = march(), current()
-        kernel = self.kernel or (*spec.kernel, spec.lanes)
-        packs = packed_weights(model, kernel[2]) if self.pack else {}
+        kernel = Kernel(*self.kernel) if self.kernel else isa_kernel(spec)
+        packs = packed_weights(model, kernel) if self.pack else {}
         layout, params, namer, consts, ctx, buffer_ref = prepare(model, storage, local, scratch=True, packed=packs)
         called = StatementCalls("c")  # which statement variants the AST calls
         to_cgen(ast, schedule.parallel, called, lambda loop, info: loop, tiles=tiles)
@@ -228,20 +230,23 @@ class CTarget(Target):
         return CModule(str(module) + "\n", layout, tuple(params), level)
 
 
-def packed_weights(model, lanes: int | None = None) -> dict:
+def packed_weights(model, kernel=None) -> dict:
     """The read-only buffers (inputs, constants) whose matrices a call packs before it runs:
-    name -> Buffer. Their elements are float32 K x Q matrices of PACK_BYTES or more, the
-    micro-kernel's `lanes` (the current ISA's if None) dividing Q, that matmuls take whole as their right operand, each meeting PACK_ROWS
-    rows of left operands or more in a call (counted at the model's sizes; assumed where
-    they are not all known)."""
-    lanes = lanes or current().lanes
+    name -> Buffer. Their elements are float32 K x Q matrices of PACK_BYTES or more (of any
+    size where the micro-kernel's panel is narrower than a cache line: read in place, it would
+    use half of every line it loads), the micro-kernel's lanes dividing Q (`kernel`: the current
+    ISA's if None), that matmuls take whole as their right operand, each meeting PACK_ROWS rows
+    of left operands or more in a call (counted at the model's sizes; assumed where they are
+    not all known)."""
+    kernel = Kernel(*kernel) if kernel else isa_kernel(current())
+    least = PACK_BYTES if 4 * kernel.lanes * kernel.vectors >= CACHE_LINE else 0
     rows, found = {}, {}
     for st in model.etdg.statements:
         instances = _instances(model.domains[st.name], model)
         for op in st.ops:
             buf = packed_right(op) if op.op == "matmul" and op.dtype == "float32" else None
             if buf is None or buf.kind not in ("input", "const") or buf.dtype != "float32" or \
-                    buf.element_shape[1] % lanes or 4 * buf.element_shape[0] * buf.element_shape[1] < PACK_BYTES:
+                    buf.element_shape[1] % kernel.lanes or 4 * buf.element_shape[0] * buf.element_shape[1] < least:
                 continue
             found[buf.name] = buf
             known = instances is not None and rows.get(buf.name, 0) is not None

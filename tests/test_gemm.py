@@ -37,10 +37,10 @@ from test_threads import assert_same_bits_on_1_to_3_threads
 
 pytestmark = pytest.mark.usefixtures("compile_cache")
 
-KERNELS = [(4, 2, 4), (6, 2, 8), (8, 2, 16), (8, 1, 16)]
+KERNELS = [(4, 2, 4), (4, 2, 4, True), (6, 2, 8), (8, 2, 16), (8, 1, 16)]  # (rows, vectors, lanes[, splat])
 
 
-@pytest.fixture(params=KERNELS, ids=lambda k: f"{k[0]}x{k[1]}x{k[2]}")
+@pytest.fixture(params=KERNELS, ids=lambda k: f"{k[0]}x{k[1]}x{k[2]}" + ("-splat" if k[3:] == (True,) else ""))
 def kernel(request, monkeypatch):
     monkeypatch.setattr(TARGETS["c"][0], "kernel", request.param)
     return request.param
@@ -96,6 +96,22 @@ def test_kernel_follows_the_instruction_set():
         assert "__SSE2__" in isa.features("native")
         assert isa.features("x86-64") < isa.features("haswell") < isa.features("skylake-avx512")
     assert isa.runnable_levels()[-1] == "native"
+    assert [isa.isa(frozenset(f)).splat for f in ({"__SSE2__"}, {"__SSE2__", "__SSE4_1__"}, {"__AVX__"})] == \
+        [True, True, False]
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="SSE2 and AVX2 are x86 levels")
+def test_sse_splats_left_elements_and_packs_matrices_of_any_size():
+    """SSE has no broadcast load: its kernel splats a row block's left elements once, and its
+    4-float panels (half a cache line) read a packed copy of even a small shared matrix; AVX2's
+    full-line panels read a 64 x 64 matrix in place and broadcast as they go."""
+    args = gates_inputs(70, 64, 64)
+    for level, splat in (("x86-64", True), ("haswell", False)):
+        with isa.building_for(level):
+            prog = ft.compile(gates, *args)
+            assert ("_ab0[_m][0]" in prog.source) == splat and ("_ab1[_m][3]" in prog.source) == splat, level
+            assert prog.packed == ({"w", "u"} if splat else set()), level
+        assert_same(prog(*args), gates(*args))
 
 
 def test_an_unknown_level_is_a_clear_error(monkeypatch):
@@ -158,7 +174,7 @@ def test_accumulators_stay_in_registers(level, cc, tmp_path):
     TARGET = TARGETS["c"][0]
     xs, hs, w, u = gates_inputs(19, 64, 64)
     prog = ft.analyze(gates, xs, hs, w, u)
-    kernel = (*spec.kernel, spec.lanes)
+    kernel = isa.kernel(spec)  # SSE's splats its left elements (Isa.splat)
     TARGET.kernel = kernel
     try:
         module = TARGET.generate(prog.model, prog.schedule, storage=prog.storage)
