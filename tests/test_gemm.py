@@ -104,13 +104,16 @@ def test_kernel_follows_the_instruction_set():
 def test_sse_splats_left_elements_and_packs_matrices_of_any_size():
     """SSE has no broadcast load: its kernel splats a row block's left elements once, and its
     4-float panels (half a cache line) read a packed copy of even a small shared matrix; AVX2's
-    full-line panels read a 64 x 64 matrix in place and broadcast as they go."""
+    full-line panels read a 64 x 64 matrix in place and broadcast as they go, its row blocks
+    inside the loop over the matrix's panels (SSE's outside it: a splat serves every panel)."""
     args = gates_inputs(70, 64, 64)
     for level, splat in (("x86-64", True), ("haswell", False)):
         with isa.building_for(level):
             prog = ft.compile(gates, *args)
             assert ("_ab0[_m][0]" in prog.source) == splat and ("_ab1[_m][3]" in prog.source) == splat, level
             assert prog.packed == ({"w", "u"} if splat else set()), level
+            rows_first = prog.source.index("for (int _r0 = 0;") < prog.source.index("for (int _q0 = 0;")
+            assert rows_first == splat, level
         assert_same(prog(*args), gates(*args))
 
 
