@@ -1,6 +1,7 @@
 """Issue 29's held-out-style models, written as a user would with its constructs, compiled (C,
 cuda-emulated) on fresh inputs against references written independently: torch's conv1d,
-embedding_bag, index_add and packed LSTM, and a CRF's partition function by enumerating paths."""
+embedding_bag (ragged bags), index_add and packed LSTM, and a CRF's partition function by
+enumerating paths."""
 import itertools
 
 import numpy as np
@@ -66,26 +67,31 @@ V, D = 13, 5
 
 
 def bag_and_segments(table, idss, segs, x):
-    """A sum of embeddings per bag (ids given at call time), and a sum of x's rows per segment."""
+    """A sum of embeddings per bag (a ragged list of ids given at call time), and a sum of x's
+    rows per segment."""
     bags = idss.map(lambda ids: table.gather(ids).reduce(lambda s, e: s + e, ft.zeros((1, D))))
     return bags, ft.map(lambda ids, rows: ft.index_add(rows, ids, 4), segs, x)
 
 
+def bag_inputs(bag_lengths, seed):
+    r = np.random.default_rng(seed)
+    idss = ft.FractalTensor.from_list([[np.int64(r.integers(V)) for _ in range(n)] for n in bag_lengths],
+                                      element_shape=(), dtype="int64")
+    return (ft.FractalTensor.from_numpy(rand((V, 1, D), seed), 1), idss,
+            ft.FractalTensor.from_numpy(r.integers(0, 4, (2, 7)), 1),
+            ft.FractalTensor.from_numpy(rand((2, 7, D), seed), 1))
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_embedding_bag_and_index_add_equal_torch(target):
-    table = ft.FractalTensor.from_numpy(rand((V, 1, D), 121), 1)
-
-    def inputs(seed):
-        r = np.random.default_rng(seed)
-        return (table, ft.FractalTensor.from_numpy(r.integers(0, V, (3, 6)), 2),
-                ft.FractalTensor.from_numpy(r.integers(0, 4, (2, 7)), 1),
-                ft.FractalTensor.from_numpy(rand((2, 7, D), seed), 1))
-    prog = ft.compile(bag_and_segments, *inputs(120), target=target)
-    args = inputs(122)  # fresh ids and rows
-    bags, sums = prog(*args)
-    ids, segs, x = (torch.from_numpy(a.to_numpy()) for a in args[1:])
-    ref_bags = torch.nn.functional.embedding_bag(ids, torch.from_numpy(table.to_numpy()[:, 0]), mode="sum")
+    prog = ft.compile(bag_and_segments, *bag_inputs([3, 1, 6, 2], 120), target=target)
+    table, idss, segs, x = bag_inputs([4, 2, 1, 5], 122)  # fresh ids (other bag sizes) and rows
+    bags, sums = prog(table, idss, segs, x)
+    flat = torch.tensor([int(i) for ids in idss for i in ids])
+    offsets = torch.tensor(np.cumsum([0] + [len(ids) for ids in idss][:-1]))
+    ref_bags = torch.nn.functional.embedding_bag(flat, torch.from_numpy(table.to_numpy()[:, 0]), offsets, mode="sum")
     assert rel_error(bags.to_numpy()[:, 0], ref_bags.numpy()) < 1e-6
+    segs, x = torch.from_numpy(segs.to_numpy()), torch.from_numpy(x.to_numpy())
     ref_sums = [torch.zeros(4, D).index_add_(0, segs[b], x[b]) for b in range(2)]
     assert rel_error(sums.to_numpy(), np.stack([s.numpy() for s in ref_sums])) < 1e-6
 

@@ -425,6 +425,30 @@ def test_out_of_range_ids_are_an_input_error_before_native_code_runs(target, bad
         embed(table, ft.FractalTensor.from_numpy(ids, 2))
 
 
+def ragged_ids(lengths, bound, seed):
+    rng = np.random.default_rng(seed)
+    return ft.FractalTensor.from_list([[np.int64(rng.integers(bound)) for _ in range(n)] for n in lengths],
+                                      element_shape=(), dtype="int64")
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_ragged_token_ids_from_a_spec(target, monkeypatch):
+    """Sentences of different lengths looked up by one program; an id out of range is found within
+    the lengths, before native code runs."""
+    table = ft.FractalTensor.from_numpy(rand((11, 1, 4), 42), 1)
+    prog = ft.compile(embed, ft.spec("[V]float32[1, 4]"), ft.spec("[N, <=L]int64[]"), target=target)
+    idss = ragged_ids([3, 1, 5], 11, 43)
+    got = prog(table, idss)
+    assert got.type_string == "[3, *]float32[1, 4]" and [len(s) for s in got] == [3, 1, 5]
+    expected = [np.tanh(2.0 * table.to_numpy().astype(np.float64)[[int(i) for i in ids]]) for ids in idss]
+    assert rel_error(np.concatenate([np.stack(list(map(np.asarray, s))) for s in got]), np.concatenate(expected)) < 1e-6
+    bad = ft.FractalTensor.from_list([[np.int64(1)] * 2, [np.int64(-3)], [np.int64(0)]], element_shape=(),
+                                     dtype="int64")
+    monkeypatch.setattr(prog, "_run", lambda *args: pytest.fail("native code ran"))
+    with pytest.raises(InputError, match=r"gather: index idss\[1, 0\] = -3 is outside \[0, 11\)"):
+        prog(table, bad)
+
+
 def test_runtime_gather_ids_that_are_not_an_input_are_refused_at_tracing():
     table = ft.FractalTensor.from_numpy(rand((6, 2), 38), 1)
     ids = ids_of((4,), 6, 39)
