@@ -1,7 +1,7 @@
 """Issue 29's held-out-style models, written as a user would with its constructs, compiled (C,
 cuda-emulated) on fresh inputs against references written independently: torch's conv1d,
-embedding_bag (ragged bags), index_add and packed LSTM, and a CRF's partition function by
-enumerating paths."""
+embedding_bag (ragged bags), index_add, embedding backward and packed LSTM, and a CRF's partition
+function by enumerating paths."""
 import itertools
 
 import numpy as np
@@ -119,3 +119,24 @@ def test_ragged_stacked_lstm_equals_torch_packed_sequences(target):
         last_h = np.stack([np.asarray(hsss[i][d][n - 1])[0] for d in range(depth)])
         last_c = np.stack([np.asarray(csss[i][d][n - 1])[0] for d in range(depth)])
         assert rel_error(last_h, hn[:, i].numpy()) < 1e-5 and rel_error(last_c, cn[:, i].numpy()) < 1e-5
+
+
+def table_gradient(d_rows, idss):
+    """The embedding table's gradient over a batch: every sentence's row gradients added into the
+    rows of its ids, the sentences summed by a reduce (a dependence chain: no two add at once)."""
+    return ft.zip(d_rows, idss).reduce(lambda g, di: g + ft.scatter_add(di[0], di[1], V), ft.zeros((V, D)))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_embedding_gradient_over_a_batch_equals_torch_autograd(target):
+    def inputs(seed):
+        ids = np.random.default_rng(seed).integers(0, V, (4, 6))
+        ids[:, :2] = 3  # the same row from every sentence
+        return ft.FractalTensor.from_numpy(rand((4, 6, D), seed), 1), ft.FractalTensor.from_numpy(ids, 1)
+    prog = ft.compile(table_gradient, *inputs(140), target=target)
+    assert {(1,)} in prog.deps.distances.values()  # the sentences' additions in order, one after another
+    d_rows, idss = inputs(141)
+    weight = torch.zeros(V, D, dtype=torch.float64, requires_grad=True)
+    out = torch.nn.functional.embedding(torch.from_numpy(idss.to_numpy()), weight)
+    out.backward(torch.from_numpy(d_rows.to_numpy().astype(np.float64)))
+    assert rel_error(np.asarray(prog(d_rows, idss)), weight.grad.numpy()) < 1e-6
