@@ -81,10 +81,13 @@ def analyze(model: PolyModel) -> Dependences:
     output = out_info.get_may_dependence()
 
     distances, distance_sets, carried, parallel = {}, {}, {}, {}
+    within = {}  # statement -> its dependences on itself (grouped once: per statement, quadratic)
+    for m in maps(may):
+        if m.get_tuple_name(isl.dim_type.in_) == m.get_tuple_name(isl.dim_type.out):
+            within.setdefault(m.get_tuple_name(isl.dim_type.in_), []).append(m)
     for name, st in model.statements.items():
         dim_names = [d.name for d in st.dims]
-        deltas = union(m.deltas() for m in maps(may) if m.get_tuple_name(isl.dim_type.in_) == name
-                       and m.get_tuple_name(isl.dim_type.out) == name)
+        deltas = union(m.deltas() for m in within.get(name, ()))
         distance_sets[name] = deltas
         pts = point_set(deltas) if deltas is not None else set()
         distances[name] = pts if pts is not None else deltas

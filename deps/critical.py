@@ -20,8 +20,9 @@ Method (no enumeration of instances): peel the sources. R_0 is every instance; R
 the set of instances of R_k with a predecessor in R_k (`range(dep ∩ (R_k × R_k))`). The
 instances of R_{k} - R_{k+1} are those whose longest incoming chain within the DAG has k + 1
 instances, so the number of non-empty R_k is the longest chain. Each round is a few ISL set
-operations at fixed parameters, so the cost grows with the critical path, not with the
-number of instances; rounds are capped at `MAX_ROUNDS` (beyond it: `CriticalPathTooLong`, a
+operations at fixed parameters on the statements whose instances or whose sources' instances
+the previous round changed, so the cost grows with the critical path and those statements, not
+with the number of instances; rounds are capped at `MAX_ROUNDS` (beyond it: `CriticalPathTooLong`, a
 PolyftError). Dependences go forward in the original schedule, so the graph is acyclic and
 the peeling ends (a round that removes nothing, i.e. a cycle, is a PolyftError).
 """
@@ -32,6 +33,7 @@ import islpy as isl
 from polyft.errors import PolyftError
 
 from .analyze import Dependences
+from .isl_helpers import maps, union
 from .model import PolyModel
 
 MAX_ROUNDS = 100_000  # a longer critical path (one ISL round per instance on it) raises
@@ -91,18 +93,45 @@ def _sets(us: isl.UnionSet) -> list:
 
 def _peel(model: PolyModel, dep: isl.UnionMap, max_rounds: int):
     """The instances whose longest chain of `dep` within the remaining instances starts (has no
-    predecessor) at each round, round after round (module docstring)."""
-    remaining = instances(model).coalesce()
-    dep = dep.intersect_domain(remaining).intersect_range(remaining).coalesce()
-    rounds = 0
-    while not remaining.is_empty():
+    predecessor) at each round, round after round (module docstring), as union sets.
+
+    Kept per statement: a statement's remaining instances change only in a round that peels
+    some of them, so only those statements and the ones they feed are looked at in the next
+    round (a chain of n statements peels one a round: n rounds of one statement each, where
+    rounds over the whole program cost n^2)."""
+    remaining = {s.get_tuple_name(): s.coalesce() for s in _sets(instances(model))}
+    into = {}  # sink statement -> [(source statement, its dependences on the sink)]
+    for m in maps(dep):
+        src, dst = m.get_tuple_name(isl.dim_type.in_), m.get_tuple_name(isl.dim_type.out)
+        if src in remaining and dst in remaining:
+            into.setdefault(dst, []).append((src, m))
+    feeds = {}
+    for dst, edges in into.items():
+        for src, _ in edges:
+            feeds.setdefault(src, set()).add(dst)
+    later, rounds = {}, 0
+    active = {name for name, r in remaining.items() if not r.is_empty()}
+    dirty = set(active)
+    while active:
         rounds += 1
         if rounds > max_rounds:
             raise CriticalPathTooLong(f"the critical path has more than {max_rounds} instances at sizes "
                                       f"{model.sizes}; use smaller sizes", op="critical_path")
-        dep = dep.intersect_domain(remaining).intersect_range(remaining).coalesce()
-        later = dep.range().coalesce()
-        if later.is_equal(remaining):  # no source left: the dependences have a cycle
-            raise PolyftError(f"the flow dependences have a cycle among {remaining}", op="critical_path")
-        yield remaining.subtract(later)
-        remaining = later
+        for name in dirty:
+            reached = union(m.intersect_domain(remaining[src]).range() for src, m in into.get(name, ()))
+            later[name] = (isl.Set.empty(remaining[name].get_space()) if reached is None
+                           else remaining[name].intersect(reached).coalesce())
+        peeled = {name: remaining[name].subtract(later[name]) for name in dirty}
+        peeled = {name: s for name, s in peeled.items() if not s.is_empty()}
+        if not peeled:  # no source left: the dependences have a cycle
+            left = [str(remaining[name]) for name in sorted(active)]
+            raise PolyftError(f"the flow dependences have a cycle among {'; '.join(left)}", op="critical_path")
+        out = isl.UnionSet.empty(isl.Space.params_alloc(model.context.get_ctx(), 0))
+        for name, s in peeled.items():
+            out = out.union(isl.UnionSet.from_set(s))
+            remaining[name] = later[name]
+            if remaining[name].is_empty():
+                active.discard(name)
+        yield out
+        dirty = active & set(peeled).union(*(feeds.get(name, ()) for name in peeled))
+

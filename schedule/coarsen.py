@@ -31,7 +31,6 @@ tracer's perfect-nest rule), which is what lowers the ETDG's depth.
 from __future__ import annotations
 
 import copy
-import functools
 import itertools
 import re
 
@@ -304,8 +303,10 @@ def _same_dims(b1: BlockNode, b2: BlockNode) -> bool:
             and all(d1.extent == d2.extent and d1.op == d2.op for d1, d2 in zip(b1.dims, b2.dims)))
 
 
-def _no_edge(x, y) -> bool:
-    return not (writes(x) & reads(y)) and not (writes(y) & reads(x))
+def _edge(rw, i, j) -> bool:
+    """Whether nodes i and j exchange data, from `rw`: each node's (reads, writes), computed
+    once a body (walking a node's sub-graph again for every pair made the passes cubic)."""
+    return bool(rw[i][1] & rw[j][0]) or bool(rw[j][1] & rw[i][0])
 
 
 def _horizontal_candidate(etdg: ETDG, path, a: int, b: int, where: str, log) -> ETDG:
@@ -334,29 +335,26 @@ def _horizontal_apply(w: _Work, path, a: int, b: int, where: str, log):
 
 
 def _horizontal_places(body):
-    """`place(a, b)` for sibling block nodes a < b of `body`: where their merged node can sit
-    ("first": b moves up past the nodes between; "second": a moves down), or None where the two
-    differ in dims, exchange data, or a node between exchanges data with the one that moves."""
-    rw = [(reads(n), writes(n)) for n in body]  # once a body: a pair's test is then two set meets
-
-    def edge(i, j) -> bool:
-        return bool(rw[i][1] & rw[j][0]) or bool(rw[j][1] & rw[i][0])
-
-    @functools.lru_cache(maxsize=None)
-    def last_edge_before(j) -> int:
-        return max((i for i in range(j) if edge(i, j)), default=-1)
-
-    @functools.lru_cache(maxsize=None)
-    def first_edge_after(i) -> int:
-        return min((j for j in range(i + 1, len(body)) if edge(i, j)), default=len(body))
-
-    def place(a, b):
-        if not _same_dims(body[a], body[b]) or edge(a, b):
-            return None
-        if last_edge_before(b) <= a:
-            return "first"
-        return "second" if first_edge_after(a) >= b else None
-    return place
+    """(a, b, where) for the sibling block nodes a < b of `body` that can merge, by a then b:
+    where their merged node can sit ("first": b moves up past the nodes between; "second": a
+    moves down). Not the pairs that differ in dims or exchange data, nor those with a node
+    between that exchanges data with the one that moves. Only the spans free of such a node are
+    visited (a node's reads and writes computed once, the nearest edges found by scanning
+    outwards), so a chain, every node an edge from the next, costs a linear walk, not all pairs."""
+    rw = [(reads(n), writes(n)) for n in body]
+    children = [k for k, n in enumerate(body) if isinstance(n, BlockNode)]
+    last_edge_before = {j: next((i for i in range(j - 1, -1, -1) if _edge(rw, i, j)), -1) for j in children}
+    first_edge_after = {i: next((j for j in range(i + 1, len(body)) if _edge(rw, i, j)), len(body))
+                        for i in children}
+    later = {a: set(range(a + 1, first_edge_after[a])) for a in children}  # a may move down to them
+    for b in children:
+        for a in range(last_edge_before[b] + 1, b):  # b may move up to them
+            if a in later:
+                later[a].add(b)
+    for a in children:
+        for b in sorted(later[a]):
+            if isinstance(body[b], BlockNode) and _same_dims(body[a], body[b]):
+                yield a, b, "first" if last_edge_before[b] < a else "second"
 
 
 def _horizontal_pairs(etdg: ETDG) -> tuple:
@@ -365,18 +363,11 @@ def _horizontal_pairs(etdg: ETDG) -> tuple:
     paired with the nearest one after it (the s sibling maps of a layer: 1 + 2, 3 + 4, ...);
     else (None, []). Disjoint spans make the merges independent: each reorders only its own span."""
     for path, parent in _paths(etdg.root):
-        body, pairs = parent.body, []
-        place = _horizontal_places(body)
-        children = [k for k, n in enumerate(body) if isinstance(n, BlockNode)]
-        free_from = 0
-        for x, a in enumerate(children):
-            if a < free_from:
-                continue
-            for b in children[x + 1:]:
-                if (where := place(a, b)) is not None:
-                    pairs.append((a, b, where))
-                    free_from = b + 1
-                    break
+        pairs, free_from = [], 0
+        for a, b, where in _horizontal_places(parent.body):
+            if a >= free_from:
+                pairs.append((a, b, where))
+                free_from = b + 1
         if len(pairs) > 1:
             return path, pairs
     return None, []
@@ -401,12 +392,7 @@ def _horizontal_batch(etdg: ETDG, log, keeps, checked: bool) -> ETDG | None:
 
 def _horizontal_once(etdg: ETDG, log, keeps, checked: bool = False) -> ETDG | None:
     for path, parent in _paths(etdg.root):
-        body = parent.body
-        place = _horizontal_places(body)
-        children = [k for k, n in enumerate(body) if isinstance(n, BlockNode)]
-        for a, b in itertools.combinations(children, 2):
-            if (where := place(a, b)) is None:
-                continue
+        for a, b, where in _horizontal_places(parent.body):
             trial = []
             cand = _horizontal_candidate(etdg, path, a, b, where, trial)
             if keeps(etdg, cand) and (not checked or _legal(cand)):
@@ -556,7 +542,7 @@ def _vertical_apply(w: _Work, path, a: int, b: int, k: int, where: str, log):
         del parent.body[a]
     n_fwd = _forward(P)
     if n_fwd:
-        drop_dead_ops(w.root)
+        drop_dead_ops(P)  # the forwarded loads are P's (the whole program: a batch's merges quadratic)
     left = [f"{nm}'s unaligned dims -> child {_describe(part[0])}"
             for nm, part, s in ((names[0], ppart, split[0]), (names[1], cpart, split[1])) if s]
     msg = (f"vertical: {names[0]} -> {names[1]} merged over {k} aligned dim(s) ({', '.join(composed)}) at the "
@@ -571,14 +557,14 @@ def _vertical_apply(w: _Work, path, a: int, b: int, k: int, where: str, log):
 def _vertical_once(etdg: ETDG, log, keeps) -> ETDG | None:
     for path, parent in _paths(etdg.root):
         body = parent.body
+        rw = [(reads(n), writes(n)) for n in body]
         children = [(k, n) for k, n in enumerate(body) if isinstance(n, BlockNode)]
         for (a, P), (b, C) in itertools.combinations(children, 2):
-            if not (writes(P) & reads(C)):
+            if not (rw[a][1] & rw[b][0]):
                 continue
-            between = body[a + 1:b]
             # a node moved past one it exchanges data with cannot be legal: skip those places
-            places = [where for where, moved in (("producer", C), ("consumer", P))
-                      if all(_no_edge(moved, x) for x in between)]
+            places = [where for where, moved in (("producer", b), ("consumer", a))
+                      if not any(_edge(rw, moved, x) for x in range(a + 1, b))]
             for k in range(_aligned(P, C), 0, -1):
                 if len(P.dims) > k and len(C.dims) > k:
                     continue  # both would keep unaligned dims: one more block node, one more level
@@ -733,18 +719,19 @@ def depthwise_merge(etdg: ETDG, log: list | None = None, ops=("map",)) -> ETDG:
 # Access map fusion and dead buffers
 
 
-def _statement_of(root, store):
-    """(block, ops of the statement containing `store`)."""
+def _statements_of_stores(root) -> dict:
+    """id(store) -> (block, ops of the statement containing it), for every store, in one walk
+    (searching the tree once a store made access map fusion quadratic in the program)."""
+    out = {}
     for block in blocks(root):
         run = []
         for n in block.body + [None]:
             if isinstance(n, OpNode):
                 run.append(n)
                 continue
-            if any(op is store for op in run):
-                return block, run
+            out.update({id(op): (block, run) for op in run if op.op == "store"})
             run = []
-    return None, None
+    return out
 
 
 def _copy_source(store: OpNode, run):
@@ -766,11 +753,12 @@ def _fuse_once(w: _Work, log) -> bool:
     for op in all_ops:
         if op.op == "store":
             n_stores[id(op.buffer.resolve())] = n_stores.get(id(op.buffer.resolve()), 0) + 1
+    statement_of = _statements_of_stores(w.root)
     for store in [op for op in all_ops if op.op == "store"]:
         dst = store.buffer.resolve()
         if dst.kind != "intermediate" or id(dst) in outputs or n_stores[id(dst)] != 1:
             continue
-        block, run = _statement_of(w.root, store)
+        block, run = statement_of[id(store)]
         ctx = block.context()
         if len(store.index) != len(ctx) or len(ctx) != dst.depth or any(
                 not isinstance(ix, Aff) or ix.terms != {d: 1} or ix.divs or str(ix.offset) != "0"

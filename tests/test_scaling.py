@@ -8,6 +8,7 @@
   layers holds calls, not kernels; so are its permutes, slices, softmaxes and concats.
 * The compile_time experiment measures every stage and plots them.
 """
+import itertools
 import math
 import re
 
@@ -16,6 +17,8 @@ import pandas as pd
 import pytest
 
 import polyft as ft
+from polyft.deps import critical
+from polyft.etdg import BlockNode, reads, writes
 from polyft.experiments import compile_time, plot
 from polyft.schedule import coarsen as C
 
@@ -57,6 +60,68 @@ def test_horizontal_merging_reads_each_node_once_a_pass(monkeypatch):
         net, xs = chain(n)
         C.horizontal_merge(ft.trace(net, xs))
         monkeypatch.setattr(C, "reads", real)
+        return len(calls)
+    assert count(48) <= 2.1 * count(24)
+
+
+def _places_by_every_pair(body) -> list:
+    """Where sibling block nodes a < b can merge, by testing every pair and every node between
+    (the definition `_horizontal_places` computes without visiting all pairs)."""
+    rw = [(reads(n), writes(n)) for n in body]
+
+    def edge(i, j):
+        return bool(rw[i][1] & rw[j][0]) or bool(rw[j][1] & rw[i][0])
+    out = []
+    for a, b in itertools.combinations([k for k, n in enumerate(body) if isinstance(n, BlockNode)], 2):
+        if not C._same_dims(body[a], body[b]) or edge(a, b):
+            continue
+        if not any(edge(i, b) for i in range(a + 1, b)):
+            out.append((a, b, "first"))
+        elif not any(edge(a, j) for j in range(a + 1, b)):
+            out.append((a, b, "second"))
+    return out
+
+
+def test_horizontal_places_are_every_pairs_and_cost_a_chain_a_linear_walk(monkeypatch):
+    """The pairs of siblings that can merge, and where, are those that testing every pair
+    gives (layers of sibling branches; maps of two lengths interleaved, some independent, some
+    not); a chain's nearest edges are found next door, so the walk is linear in its layers."""
+    def mixed(xs, ys):
+        a = xs.map(lambda x: ft.tanh(x))
+        b = ys.map(lambda y: y * 2.0)
+        c = xs.map(lambda x: x + 1.0)
+        d = ft.map(lambda p, q: p - q, a, c)
+        e = ys.map(lambda y: ft.exp(y))
+        f = ft.map(lambda p, q: p * q, b, e)
+        return d.map(lambda x: x * 3.0), f, xs.map(lambda x: x - 2.0)
+    net, (xs,) = compile_time.branches(4, np.random.default_rng(0), layers=3)
+    for body in (ft.trace(net, xs).root.body, ft.trace(mixed, flist([5], [1, 4], 1), flist([3], [1, 4], 2)).root.body):
+        want = _places_by_every_pair(body)
+        assert want and list(C._horizontal_places(body)) == want
+
+    def edges(n):
+        calls = []
+        real = C._edge
+        monkeypatch.setattr(C, "_edge", lambda *a: calls.append(1) or real(*a))
+        net, xs = chain(n)
+        assert list(C._horizontal_places(ft.trace(net, xs).root.body)) == []
+        monkeypatch.setattr(C, "_edge", real)
+        return len(calls)
+    assert edges(48) <= 2.1 * edges(24)
+
+
+def test_the_critical_path_of_a_chain_peels_each_layer_once(monkeypatch):
+    """A chain of n maps has a critical path of n instances (one row through every layer);
+    peeling looks again only at the statements whose inputs a round changed (the layer peeled
+    and the next), not at every statement every round: linear in the layers, not quadratic."""
+    def count(n):
+        calls = []
+        real = critical.union
+        monkeypatch.setattr(critical, "union", lambda items: calls.append(1) or real(items))
+        net, xs = chain(n)
+        prog = ft.analyze(net, xs, schedule="original")
+        assert prog.schedule.critical_path == n
+        monkeypatch.setattr(critical, "union", real)
         return len(calls)
     assert count(48) <= 2.1 * count(24)
 
