@@ -1,7 +1,7 @@
 """How long getting code takes as programs grow: each stage of `ft.compile` against the number
 of layers a Python loop unrolls, against statements per layer, and for a transformer encoder.
 
-Three families of programs, each traced from concrete inputs and compiled for the C target
+Five families of programs, each traced from concrete inputs and compiled for the C target
 (the compiler's cache pointed at a fresh folder, so every build is real):
 
     chain        `xs = xs.map(lambda x: tanh(x @ w[k]))` for k < layers (H = 16, 8 rows), the
@@ -9,6 +9,10 @@ Three families of programs, each traced from concrete inputs and compiled for th
     branches     8 layers of `s` sibling maps of the same input, joined by a sum: s = BRANCHES
     encoder      a transformer encoder (heads split by a reshape, 4 heads, an MLP) of ENCODER
                  layers over 4 sequences of 16 tokens of width 32
+    captured     one layer `tanh(x @ w)` over 8 rows with an n x n weight the function
+                 captures, n = WEIGHTS
+    input        the same layer with the weight passed as an input: compiling a captured
+                 weight should cost what compiling it as an input does (never C literals)
 
 The stages, in the order ft.compile runs them: trace, coarsen (schedule/coarsen.py), model (the
 ISL model), deps (flow dependences), schedule (the auto schedule), storage (contraction),
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import tempfile
 import time
 
@@ -49,6 +54,7 @@ STAGES = ("trace", "coarsen", "model", "deps", "schedule", "storage", "generate"
 LAYERS = (8, 16, 32, 64, 128, 256)
 BRANCHES = (1, 2, 4, 8, 16)
 ENCODER = (1, 2, 4, 8, 12)
+WEIGHTS = (1024, 2048, 4096)
 
 
 def chain(layers: int, rng) -> tuple:
@@ -93,8 +99,19 @@ def encoder(layers: int, rng, N: int = 4, L: int = 16, D: int = 32, H: int = 4) 
     return net, (ft.FractalTensor.from_numpy(rng.standard_normal((N, L, D)).astype(np.float32), depth=1),)
 
 
+def weight(n: int, rng, captured: bool = True) -> tuple:
+    w = (rng.standard_normal((n, n)) / np.sqrt(n)).astype(np.float32)
+    xs = ft.FractalTensor.from_numpy(rng.standard_normal((8, 1, n)).astype(np.float32), depth=1)
+
+    def layer(xs, w):
+        return xs.map(lambda x: ft.tanh(x @ w))
+    return (lambda xs: layer(xs, w), (xs,)) if captured else (layer, (xs, w))
+
+
 FAMILIES = {"chain": (chain, "layers", LAYERS), "branches": (branches, "branches per layer", BRANCHES),
-            "encoder": (encoder, "encoder layers", ENCODER)}
+            "encoder": (encoder, "encoder layers", ENCODER),
+            "captured": (weight, "weight side n (n x n, captured)", WEIGHTS),
+            "input": (lambda n, rng: weight(n, rng, captured=False), "weight side n (n x n, an input)", WEIGHTS)}
 
 
 @contextlib.contextmanager
@@ -113,9 +130,10 @@ def _fresh_cache():
 
 
 def _cpu() -> float:
-    """CPU seconds of this process and of its finished children (the C compiler)."""
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
+    """CPU seconds of this process and of its finished children (the C compiler); os.times
+    counts in 10 ms ticks, which left most stages at 0."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
 
 
 def measure(fn, inputs) -> dict:

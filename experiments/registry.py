@@ -44,7 +44,8 @@ ARTEFACTS = {
     "compile_time": Artefact("polyft.experiments.compile_time", "analysis and compilation that scale", {
         "compile_time.csv": "Seconds per stage of ft.compile (trace, coarsen, ISL model, dependences, schedule, "
                             "storage, C source, C compiler) against the layers of a chain, the branches per layer "
-                            "and the layers of a transformer encoder, with the schedule each gets."}),
+                            "and the layers of a transformer encoder, with the schedule each gets; and one layer "
+                            "with an n x n weight captured or passed as an input (n up to 4096)."}),
     "schedule_vs_isl": Artefact("polyft.experiments.schedule_vs_isl", "§5.2 reordering", {
         "schedule_vs_isl.csv": "Parallel loop dims, sequential steps and steps as the generated C runs them of "
                                "polyft's schedule against the nest as written and against isl's own scheduler, "

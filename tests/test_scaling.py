@@ -232,14 +232,20 @@ def test_a_deep_encoder_calls_one_function_per_permute_softmax_and_slice():
 
 
 def test_compile_time_rows_and_plot(tmp_path, monkeypatch):
-    """Every stage timed per program, the schedule each got, checked against eager; the plot
-    and the fitted exponent from the CSV."""
+    """Every stage timed per program, the schedule each got, checked against eager; a weight
+    captured gives the source a weight passed as an input gives; the plot and the fitted
+    exponent from the CSV."""
+    families = compile_time.FAMILIES
     monkeypatch.setattr(compile_time, "FAMILIES", {
         "chain": (compile_time.chain, "layers", (2, 4, 8, 16)),
-        "encoder": (compile_time.encoder, "encoder layers", (1, 2))})
+        "encoder": (compile_time.encoder, "encoder layers", (1, 2)),
+        "captured": (families["captured"][0], families["captured"][1], (256,)),
+        "input": (families["input"][0], families["input"][1], (256,))})
     df = compile_time.run("quick", str(tmp_path))
     got = pd.read_csv(tmp_path / "compile_time_quick.csv")
-    assert len(got) == len(df) == 6 * (len(compile_time.STAGES) + 1)
+    assert len(got) == len(df) == 8 * (len(compile_time.STAGES) + 1)
+    weights = got[got["stage"] == "total"].set_index("family")["source_bytes"]
+    assert abs(weights["captured"] - weights["input"]) < 100 and weights["captured"] < 20_000
     assert set(got["stage"]) == set(compile_time.STAGES) | {"total"}
     assert (got["rel_error"] < 1e-5).all() and (got["seconds"] >= 0).all()
     chain_rows = got[(got["family"] == "chain") & (got["stage"] == "total")]
