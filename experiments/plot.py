@@ -415,8 +415,8 @@ def draw_compile_time(df) -> Figure:
         _log_y(ax)
         ax.grid(True, which="both", alpha=0.3)
         e = exponent(df, family)
-        ax.set_title(f"{family}" + ("" if e is None else f": total ~ size^{e:.2f} (from {start['size'].iloc[0]:g})"),
-                     fontsize=10)
+        ax.set_title(f"{family}: " + (f"total {tot['seconds'].iloc[-1]:.2f} s at {tot['size'].iloc[-1]:g}" if e is None
+                                      else f"total ~ size^{e:.2f} (from {start['size'].iloc[0]:g})"), fontsize=10)
         ax.set_xlabel(f"{g['size_is'].iloc[0]} (log2)")
         ax.set_ylabel("CPU seconds (log)")
     for ax in axes.flat[len(families):]:

@@ -18,7 +18,8 @@ Shell commands that are not cheap (installing, the experiments, the test suite, 
 session) are listed in EXPENSIVE with the reason; any other command makes this test fail until
 it is run here or listed there. The memory table and the figures the Memory section states in
 prose are checked against the rows experiments/memory.py computes for memory_<preset>.csv
-(`prog.memory()` and the traffic models at the paper shapes), computed here afresh."""
+(`prog.memory()` and the traffic models at the paper shapes), computed here afresh; the compile
+time table against results/compile_time_quick.csv (times are measured, not recomputed)."""
 from __future__ import annotations
 
 import functools
@@ -296,3 +297,29 @@ def test_the_coarsening_section_memory_of_hyperplanes_against_bands():
     mem = prog.memory()
     assert rounds_to(m.group(1), mem.loc[mem["role"] == "intermediate", "allocated_bytes"].sum())
     assert rounds_to(m.group(2), memory_rows().loc["dilated_rnn"].intermediate_local_bytes)
+
+
+def test_the_compile_time_table_is_the_committed_csv():
+    """Each row of 'Deep programs compile in seconds' is results/compile_time_quick.csv's: the
+    total, coarsening and compiler CPU seconds at the size it names, and the fitted exponent
+    from the third size as the plot draws it; every program there has its one statement."""
+    from polyft.experiments.plot import exponent
+
+    df = pd.read_csv(ROOT / "results" / "compile_time_quick.csv")
+    rows = {"chain of 256 layers (H = 16)": ("chain", 256), "8 layers of 16 sibling branches": ("branches", 16),
+            "12-layer transformer encoder": ("encoder", 12),
+            "one layer, a captured 4096 x 4096 weight": ("captured", 4096),
+            "the same layer, the weight an input": ("input", 4096)}
+    text = section("Coarsening")
+    table = [ln for ln in text[text.index("| program | total CPU s"):].split("\n\n")[0].splitlines() if "---" not in ln]
+    seen = set()
+    for line in table[1:]:
+        name, total, coarsen, cc, growth = [c.strip() for c in line.strip("|").split("|")]
+        family, size = rows[name]
+        at = df[(df["family"] == family) & (df["size"] == size)].set_index("stage")["seconds"]
+        for shown, stage in ((total, "total"), (coarsen, "coarsen"), (cc, "cc")):
+            assert rounds_to(shown, at[stage]), f"compile time table, {name}: {stage} {shown} but the CSV has {at[stage]}"
+        e = exponent(df, family)
+        assert (growth == "-") if e is None else rounds_to(growth.partition("^")[2].split()[0], e), (name, growth, e)
+        seen.add(name)
+    assert seen == set(rows) and (df["statements"] == 1).all() and (df["sequential_steps"] == 1).all()
