@@ -5,6 +5,8 @@ The test modules import it as `helpers` (pytest puts tests/ on sys.path: the roo
 tests/__init__.py, so the default "prepend" import mode applies)."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 import polyft as ft
@@ -60,3 +62,22 @@ def compiler_calls(monkeypatch) -> list:
         return real(args, *a, **k)
     monkeypatch.setattr(runtime_c.tool, "run", spy)
     return calls
+
+
+def shell_commands(code: str) -> list:
+    """The commands of a README bash block: (command, its line in the block, the exit status
+    its comment names (`# ... exit status 2`, else 0), the output lines shown under it as
+    `#   ...`). Blank and comment lines are not commands."""
+    lines, out = code.splitlines(), []
+    for k, line in enumerate(lines):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        body, _, comment = line.partition("  #")
+        shown = []
+        for after in lines[k + 1:]:
+            if not after.startswith("#   "):
+                break
+            shown.append(after[4:].strip())
+        status = re.search(r"exit status (\d+)", comment)
+        out.append((body.strip(), k, int(status.group(1)) if status else 0, shown))
+    return out

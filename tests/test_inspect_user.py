@@ -26,6 +26,8 @@ from polyft.loading import load_function
 from polyft.testing import rel_error
 from polyft.workloads import WORKLOADS
 
+from helpers import shell_commands
+
 pytestmark = pytest.mark.usefixtures("compile_cache")
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -40,20 +42,8 @@ def section() -> tuple:
     end = text.find("\n## ", start + 1)
     blocks = re.findall(r"^```(\w+)\n(.*?)^```$", text[start:end if end > 0 else None], re.S | re.M)
     [source] = [code for lang, code in blocks if lang == "python" and code.startswith("# gru.py")]
-    commands = []
-    for lang, code in blocks:
-        lines = code.splitlines() if lang == "bash" else []
-        for k, line in enumerate(lines):
-            if not line.strip() or line.startswith("#"):
-                continue
-            body, _, comment = line.partition("  #")
-            shown = []
-            for after in lines[k + 1:]:
-                if not after.startswith("#   "):
-                    break
-                shown.append(after[4:].strip())
-            status = re.search(r"exit status (\d+)", comment)
-            commands.append((body.strip(), int(status.group(1)) if status else 0, shown))
+    commands = [(body, status, shown) for lang, code in blocks if lang == "bash"
+                for body, _, status, shown in shell_commands(code)]
     return source, commands
 
 

@@ -34,6 +34,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from helpers import shell_commands
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 NOT_RUN = re.compile(r"^<!-- not run: (.+) -->$")
@@ -147,18 +149,8 @@ def commands() -> list:
     for b in blocks():
         if b.lang != "bash" or b.not_run:
             continue
-        lines = b.code.splitlines()
-        for k, line in enumerate(lines):
-            if not line.strip() or line.lstrip().startswith("#"):
-                continue
-            body, _, comment = line.partition("  #")
-            shown = []
-            for after in lines[k + 1:]:
-                if not after.startswith("#   "):
-                    break
-                shown.append(after[4:].strip())
-            status = re.search(r"exit status (\d+)", comment)
-            out.append(Command(body.strip(), b.line + 1 + k, int(status.group(1)) if status else 0, tuple(shown)))
+        for body, k, status, shown in shell_commands(b.code):
+            out.append(Command(body, b.line + 1 + k, status, tuple(shown)))
     text = README.read_text()
     for m in re.finditer(r"`(polyft [^`]+|python -m polyft[^`]+--help)`", text):
         words = m.group(1).split()
