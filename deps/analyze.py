@@ -69,10 +69,16 @@ def _flow(model: PolyModel, reads):
     return flow.get_must_dependence(), flow.get_may_dependence()
 
 
+def may_flow(model: PolyModel) -> isl.UnionMap:
+    """The flow dependences a schedule must keep (`Dependences.may_flow`) alone: what the
+    critical path needs, without the anti/output dependences, distances and reuse."""
+    must, may = _flow(model, model.reads)
+    return may.union(must)
+
+
 def analyze(model: PolyModel) -> Dependences:
     must, _ = _flow(model, model.reads.subtract(model.may_reads))
-    may_all, may = _flow(model, model.reads)
-    may = may.union(may_all)
+    may = may_flow(model)
     anti_info = isl.UnionAccessInfo.from_sink(model.writes).set_may_source(model.reads) \
         .set_schedule_map(model.schedule).compute_flow()
     anti = anti_info.get_may_dependence()

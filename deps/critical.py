@@ -51,7 +51,7 @@ def instances(model: PolyModel) -> isl.UnionSet:
     return out
 
 
-def critical_path(model: PolyModel, deps: Dependences, max_rounds: int = MAX_ROUNDS, *,
+def critical_path(model: PolyModel, deps: Dependences | None, max_rounds: int = MAX_ROUNDS, *,
                   dependences: isl.UnionMap | None = None) -> int | None:
     """Statement instances on the longest chain of flow dependences (module docstring), for
     concrete sizes; None while a length is symbolic. `dependences` overrides `deps.may_flow`

@@ -2,6 +2,9 @@
 seven workloads and on generated nests, checked three ways: the interpreter against eager
 execution, the ISL model (single assignment, every read after its write in the new order),
 and the structure the pass must (or must not) produce."""
+import copy
+
+import islpy as isl
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -183,8 +186,24 @@ def test_a_map_reading_the_producer_at_t_plus_1_does_not_merge():
     forced = C._vertical_candidate(e, (), 0, 1, 1, "producer", [])
     problems = C.dataflow_violations(forced)
     assert problems and "not after its write" in problems[0]
+    assert_early_reads_by_definition(forced)
     with pytest.raises(ft.errors.ScheduleError):
         C.check_dataflow(forced)
+
+
+def assert_early_reads_by_definition(etdg):
+    """The early reads dataflow_violations names (found pair by pair of access statements) are
+    the write -> read pairs of one element that the whole schedule's lex order does not put
+    write first: ISL's definition, computed directly."""
+    fake = copy.copy(etdg)
+    fake.statements = C._access_statements(etdg)
+    m = deps_model.build(fake)
+    pairs = m.writes.apply_range(m.reads.reverse())
+    expected = pairs.subtract(m.schedule.lex_lt_union_map(m.schedule))
+    got = isl.UnionMap.empty(expected.get_space())
+    for mp in C._early_reads(m):
+        got = got.union(isl.UnionMap.from_map(mp))
+    assert not expected.is_empty() and got.is_equal(expected)
 
 
 def reads_behind(xs):
