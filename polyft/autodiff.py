@@ -200,12 +200,17 @@ def zeros_like(p):
     return np.zeros_like(np.asarray(p))
 
 
-def check_float(p, what, op: str) -> None:
+def _dtype_name(p) -> str:
+    return str(p.dtype) if hasattr(p, "dtype") else np.asarray(p).dtype.name
+
+
+def check_float(p, what, op: str, where: str | None = None) -> None:
     """Differentiation is defined on float data only: an integer value is a DifferentiationError
-    (`what()` names the value)."""
-    dtype = str(p.dtype) if hasattr(p, "dtype") else np.asarray(p).dtype.name
+    (`what()` names the value; `where`, the line that made it, else the caller's)."""
+    dtype = _dtype_name(p)
     if dtype not in _FLOATS:
-        raise DifferentiationError(f"{what()} has the integer dtype {dtype}: only float values have gradients", op=op)
+        raise DifferentiationError(f"{what()} has the integer dtype {dtype}: only float values have gradients", op=op,
+                                   where=where)
 
 
 # ---------------------------------------------------------------------------------------
@@ -218,6 +223,7 @@ class ADValue:
 
     _ad = True
     _traced = False
+    origin = None  # an integer result's (operation, user line): what an error about it names
     __array_priority__ = 2000
     __hash__ = object.__hash__
 
@@ -320,6 +326,8 @@ def bind(name: str, args, attrs: dict):
         if is_ad(a):
             check_float(p, lambda: f"the operand {describe(p)}", name)
     result = ADValue(out, tape)
+    if _dtype_name(out) not in _FLOATS:  # no gradient flows through it: an error only if it is an output
+        result.origin = (name, errors.user_location())
     tape.record(name, live, [result], lambda cts: rule(cts[0], out, prims, attrs))
     return result
 
@@ -419,7 +427,8 @@ def vjp(fn, *inputs, checkpoint=None):
         if not is_ad(leaf):
             raise DifferentiationError(f"the function returned {describe(leaf)}, which does not depend on the inputs "
                                        "being differentiated", op="vjp")
-        check_float(leaf.primal, lambda: f"the output {describe(leaf.primal)}", "vjp")
+        op, where = getattr(leaf, "origin", None) or ("vjp", None)  # an ADList has none
+        check_float(leaf.primal, lambda: f"the output {describe(leaf.primal)}", op, where)
     outputs = pytree.unflatten(pytree.structure(result), [o.primal for o in out_leaves])
 
     def pullback(*cotangents):
