@@ -193,7 +193,7 @@ def test_shell_command_runs(command, tmp_path):
 
 # -- the numbers of the Memory section ----------------------------------------------------------
 
-UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9}
+UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "ms": 1e-3, "s": 1}
 
 
 def rounds_to(shown: str, value: float) -> bool:
@@ -315,3 +315,28 @@ def test_the_compile_time_table_is_the_committed_csv():
         assert (growth == "-") if e is None else rounds_to(growth.partition("^")[2].split()[0], e), (name, growth, e)
         seen.add(name)
     assert seen == set(rows) and (df["statements"] == 1).all() and (df["sequential_steps"] == 1).all()
+
+
+def test_the_gradient_benchmark_table_is_the_committed_csv():
+    """Each row of the Gradients section's benchmark table is results/grad_bench_<preset>.csv's: the
+    median seconds per system ('-' where the CSV has no row) and the program's memory, at the shape
+    the row names; every shape of the CSVs has its row."""
+    df = pd.concat([pd.read_csv(ROOT / "results" / f"grad_bench_{preset}.csv") for preset in ("quick", "paper")])
+    systems = {"polyft C": "polyft-c-auto", "polyft eager": "polyft-eager", "torch.nn.LSTM": "torch-nn.LSTM",
+               "JAX": "jax-grad-lax.scan"}
+    text = section("Gradients")
+    table = [ln for ln in text[text.index("| N, H, L, D |"):].split("\n\n")[0].splitlines() if "---" not in ln]
+    header = [c.strip() for c in table[0].strip("|").split("|")]
+    shapes = set()
+    for line in table[1:]:
+        cells = dict(zip(header, (c.strip() for c in line.strip("|").split("|"))))
+        shape = "N={},H={},L={},D={}".format(*cells["N, H, L, D"].split(", "))
+        rows = df[df["shape"] == shape].set_index("system")
+        for column, system in systems.items():
+            if system not in rows.index:
+                assert cells[column] == "-", (shape, column)
+            else:
+                assert rounds_to(cells[column], rows.loc[system, "seconds"]), (shape, column, rows.loc[system, "seconds"])
+        assert rounds_to(cells["memory of the C program"], rows["backward_memory_bytes"].iloc[0]), shape
+        shapes.add(shape)
+    assert shapes == set(df["shape"])
