@@ -57,7 +57,8 @@ ARTEFACTS = {
     "grad_bench": Artefact("polyft.experiments.grad_bench", "Differentiation (beyond the paper): forward + backward", {
         "grad_bench.csv": "Forward + backward of the stacked LSTM: polyft's pullback compiled to C (one program "
                           "with the forward) and eager, torch.nn.LSTM's forward+backward and jax.grad of a "
-                          "lax.scan LSTM on the CPU, with the backward program's memory and critical path."}),
+                          "lax.scan LSTM on the CPU, with the program's memory (prog.memory) and, at small shapes, its "
+                          "critical path."}),
     "threads": Artefact("polyft.experiments.threads", "CPU threads that never hurt", {
         "threads.csv": "The generated C of every workload at Figure 7's quick shapes on one thread, on every "
                        "core and at its measured default, with the machine idle and with one core busy, and "
