@@ -313,8 +313,9 @@ class FractalTensor(ListBase):
 
     def _level_lengths(self) -> list:
         """For each level, outermost first, the set of lengths its lists have (empty: none there)."""
-        if self._dense is not None:
-            return [{n} for n in self._dense.shape[:self._depth]]
+        if self._dense is not None:  # a level below an empty one has no lists, as in a built one
+            shape = self._dense.shape[:self._depth]
+            return [{n} if all(shape[:k]) else set() for k, n in enumerate(shape)]
         levels, nodes = [], [self]
         for level in range(self._depth):
             levels.append({len(n) for n in nodes})
@@ -350,7 +351,7 @@ class FractalTensor(ListBase):
     def to_numpy(self) -> np.ndarray:
         """A dense copy with the programmable axes first; ragged lists cannot be dense."""
         if self._dense is not None:
-            return self._dense.copy()
+            return self.dense_view().copy()
         out = np.empty(self._regular_lengths("to_numpy") + self._element_shape, self._dtype)
         for i, item in enumerate(self._items):
             out[i] = item if self._depth == 1 else item.to_numpy()
@@ -359,8 +360,8 @@ class FractalTensor(ListBase):
     def dense_view(self) -> np.ndarray:
         """The list as one read-only array: the array it is a view of (from_numpy, a compiled
         program's output) without a copy, else a dense copy (to_numpy's)."""
-        if self._dense is not None:
-            return self._dense
+        if self._dense is not None:  # (below an empty level every length reads 0, as for a built list)
+            return self._dense.reshape(self._regular_lengths("dense_view") + self._element_shape)
         arr = self.to_numpy()
         arr.flags.writeable = False
         return arr

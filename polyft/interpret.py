@@ -16,7 +16,7 @@ from .errors import InputDepthError, InputError, PolyftError
 from .etdg import ETDG, Gather
 from .fractaltensor import FractalTensor
 from .primitives import PRIMITIVES
-from .ragged import Ragged, unpack
+from .ragged import Ragged, length_at
 
 
 def bind_params(etdg: ETDG, args) -> dict:
@@ -126,6 +126,20 @@ def _load(op, env, params, storage, written, reads):
         raise PolyftError(f"load {op!r} reads {buf.name}{list(idx)} before it is written", op="run")
     reads.append((buf.name, idx))
     return storage[buf][idx]
+
+
+def unpack(arr: np.ndarray, dims, element_shape, dtype, lengths: dict) -> FractalTensor:
+    """The FractalTensor of an output buffer's array whose dims may be ragged (`lengths`: the
+    buffer name -> array of lengths)."""
+    depth = len(dims)
+
+    def build(prefix: tuple):
+        level = len(prefix)
+        n = dims[level]
+        count = length_at(n, prefix, lengths) if isinstance(n, Ragged) else arr.shape[level]
+        items = [arr[prefix + (k,)] if level == depth - 1 else build(prefix + (k,)) for k in range(count)]
+        return FractalTensor(items, depth - level, element_shape, dtype)
+    return build(())
 
 
 def assemble_outputs(etdg, storage):

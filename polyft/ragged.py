@@ -164,23 +164,11 @@ def check_lengths(r: RaggedInput, lens: np.ndarray, bound: int) -> None:
                              op="call")
 
 
-def unpack(arr: np.ndarray, dims, element_shape, dtype, lengths: dict):
-    """The FractalTensor of an output buffer's array whose dims may be ragged (`lengths`: the
-    buffer name -> array of lengths)."""
-    from .fractaltensor import FractalTensor
-    depth = len(dims)
-
-    def build(prefix: tuple):
-        level = len(prefix)
-        n = dims[level]
-        if isinstance(n, Ragged):
-            env = {d: prefix[int(d.name[1:])] for a in n.at for d in a.dims}
-            count = int(lengths[_name(n.lengths)][tuple(a.evaluate(env) for a in n.at)])
-        else:
-            count = arr.shape[level]
-        items = [arr[prefix + (k,)] if level == depth - 1 else build(prefix + (k,)) for k in range(count)]
-        return FractalTensor(items, depth - level, element_shape, dtype)
-    return build(())
+def length_at(n: Ragged, prefix: tuple, lengths: dict) -> int:
+    """The length of the ragged dim `n` in the list at `prefix` (the coordinates of the levels
+    above it), read from a call's `lengths` (buffer name -> array of lengths)."""
+    env = {d: prefix[int(d.name[1:])] for a in n.at for d in a.dims}
+    return int(lengths[_name(n.lengths)][tuple(a.evaluate(env) for a in n.at)])
 
 
 def used_elements(dims, lengths: dict, sizes: dict) -> int:
@@ -190,11 +178,7 @@ def used_elements(dims, lengths: dict, sizes: dict) -> int:
         if level == len(dims):
             return 1
         n = dims[level]
-        if isinstance(n, Ragged):
-            env = {d: prefix[int(d.name[1:])] for a in n.at for d in a.dims}
-            extent = int(lengths[_name(n.lengths)][tuple(a.evaluate(env) for a in n.at)])
-        else:
-            extent = n.evaluate(sizes)
+        extent = length_at(n, prefix, lengths) if isinstance(n, Ragged) else n.evaluate(sizes)
         if level + 1 == len(dims) or not any(isinstance(m, Ragged) for m in dims[level + 1:]):
             rest = int(np.prod([m.evaluate(sizes) for m in dims[level + 1:]], dtype=np.int64))
             return extent * rest

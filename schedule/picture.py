@@ -32,8 +32,6 @@ from polyft.deps.isl_helpers import maps, point_set, union
 from polyft.deps.model import check_sizes
 from polyft.errors import PolyftError
 
-from .schedule import _sequential_levels
-
 MAX_POINTS = 2000  # markers per panel, and sequential steps in a slice or the program
 MAX_INSTANCES = 20000  # statement instances of the whole program (the timelines count them)
 NUMBERED = 150  # a band panel of at most this many markers writes each one's step in it
@@ -263,7 +261,7 @@ class _Program:
     """Every statement of the program under one schedule at concrete sizes: how many of its
     instances run in each sequential step, and the flow dependences between (statement, step)
     pairs (source step -> sink step). A time dim is sequential for the statements of a subtree
-    of the schedule that carries a dependence at it (schedule._sequential_levels), so that the
+    of the schedule that carries a dependence at it (Schedule.sequential_levels), so that the
     steps are those `Schedule.sequential_steps` counts."""
 
     def __init__(self, model, sched, deps, context):
@@ -273,7 +271,7 @@ class _Program:
         if (total := sum(d.count_val().to_python() for d in domains.values())) > MAX_INSTANCES:
             raise PolyftError(f"the program has {total} statement instances at these sizes, more than the "
                               f"{MAX_INSTANCES} a picture counts; give smaller sizes", op="plot")
-        seq = _sequential_levels(model, sched.per_statement, deps)  # per subtree, as sequential_steps counts
+        seq = sched.sequential_levels()  # per subtree, as sequential_steps counts
         times = {s: _sequential(_concrete(sched.per_statement[s], context).intersect_domain(d), seq[s])
                  for s, d in domains.items()}
         rank = _ranks(times.values(), f"the program under the {sched.kind} schedule")

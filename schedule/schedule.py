@@ -126,6 +126,11 @@ class Schedule:
             check_scan(self.model, self.per_statement, {p: lengths[p] for p in self.model.params})
             self._counts[key] = True
 
+    def sequential_levels(self) -> dict:
+        """Per statement, the time dims it runs sequentially: those at which a dependence is
+        carried in its subtree of the schedule (what sequential_steps counts by)."""
+        return _sequential_levels(self.model, self.per_statement, self.deps)
+
     def plot(self, sizes=None, band=None, slice_at=None):
         """A matplotlib Figure of one band's instances under the original schedule and this one,
         side by side (the paper's Figures 5/6): sequential steps as colours, flow dependences as

@@ -45,6 +45,14 @@ def test_a_list_viewing_an_array_hands_it_back_without_a_copy():
     assert not out.dense_view().flags.writeable and np.shares_memory(out.dense_view(), out[3][2])
 
 
+def test_a_list_viewing_an_array_with_an_empty_level_reads_like_a_built_one():
+    """Below an empty level there are no lists, so no lengths: [0, 3] reads [0, 0], as built."""
+    viewed = ft.FractalTensor.from_numpy(rand((0, 3, 2), seed=4), depth=2)
+    built = ft.FractalTensor([], 2, (2,), "float32")
+    assert viewed.type_string == built.type_string == "[0, 0]float32[2]"
+    assert viewed.to_numpy().shape == viewed.dense_view().shape == built.to_numpy().shape == (0, 0, 2)
+
+
 def test_from_numpy_of_a_vector_has_0d_elements_that_are_views():
     arr = rand(6, seed=1)
     xs = ft.FractalTensor.from_numpy(arr, 1)
