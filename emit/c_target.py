@@ -30,7 +30,6 @@ from .c_statements import StatementBody, ctype, instance_flops, length_c, native
 from .isl_ast import below, build_ast, call_name, evaluate, has_parallel, to_cgen, upper_bound
 from .protocol import Module, Target
 from .isa import Kernel, current, march
-from .isa import kernel as isa_kernel
 
 with open(os.path.join(os.path.dirname(__file__), "vecmath.h")) as _f:
     VECMATH = _f.read()
@@ -150,7 +149,7 @@ class CTarget(Target):
         tiles = tiled_loops(etdg, ast, schedule.parallel, TILE, TILE_ROWS)
         local = local_batches(etdg, storage, ast, schedule.parallel, tiles, True)
         level, spec = march(), current()
-        kernel = Kernel(*self.kernel) if self.kernel else isa_kernel(spec)
+        kernel = Kernel(*self.kernel) if self.kernel else spec.micro_kernel
         packs = packed_weights(model, kernel) if self.pack else {}
         layout, params, namer, consts, ctx, buffer_ref = prepare(model, storage, local, scratch=True, packed=packs)
         called = StatementCalls("c")  # which statement variants the AST calls
@@ -238,7 +237,7 @@ def packed_weights(model, kernel=None) -> dict:
     ISA's if None), that matmuls take whole as their right operand, each meeting PACK_ROWS rows
     of left operands or more in a call (counted at the model's sizes; assumed where they are
     not all known)."""
-    kernel = Kernel(*kernel) if kernel else isa_kernel(current())
+    kernel = Kernel(*kernel) if kernel else current().micro_kernel
     least = PACK_BYTES if 4 * kernel.lanes * kernel.vectors >= CACHE_LINE else 0
     rows, found = {}, {}
     for st in model.etdg.statements:

@@ -50,8 +50,13 @@ class Isa(NamedTuple):
     def splat(self) -> bool:
         """SSE has no load that broadcasts a float to a vector: the micro-kernel would spend a
         load and a shuffle on every left element it multiplies, in the inner loop (59% of the
-        peak on a Zen 4 core at 4 x 2, 77% with the elements splatted once per row block)."""
+        peak on a Zen 4 core at 4 x 2, 71-72% with the elements splatted once per row block)."""
         return self.name in ("sse2", "sse4")
+
+    @property
+    def micro_kernel(self) -> "Kernel":
+        """The GEMM micro-kernel the generated C uses on this ISA."""
+        return Kernel(*self.kernel, self.lanes, self.splat)
 
 
 class Kernel(NamedTuple):
@@ -62,11 +67,6 @@ class Kernel(NamedTuple):
     vectors: int
     lanes: int
     splat: bool = False
-
-
-def kernel(spec: Isa) -> Kernel:
-    """The micro-kernel of an ISA."""
-    return Kernel(*spec.kernel, spec.lanes, spec.splat)
 
 
 def march() -> str:

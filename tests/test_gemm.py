@@ -177,7 +177,7 @@ def test_accumulators_stay_in_registers(level, cc, tmp_path):
     TARGET = TARGETS["c"][0]
     xs, hs, w, u = gates_inputs(19, 64, 64)
     prog = ft.analyze(gates, xs, hs, w, u)
-    kernel = isa.kernel(spec)  # SSE's splats its left elements (Isa.splat)
+    kernel = spec.micro_kernel  # SSE's splats its left elements (Isa.splat)
     TARGET.kernel = kernel
     try:
         module = TARGET.generate(prog.model, prog.schedule, storage=prog.storage)
