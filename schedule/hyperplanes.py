@@ -15,9 +15,14 @@ starting from it); both are legal schedules of exactly critical-path steps. Wher
 statement's levels are one affine function of its dims (checked exactly with ISL: the affine
 hull of the level map, restricted to the domain, equals the map), that function is its
 hyperplane. A statement whose earliest levels are not affine (a join that waits for the later
-of two chains: max(j, L - 1 - j)) takes its latest ones, and so do all the statements after it
-(a dependence from a late statement to an early one could go backwards; early to late never
-does: late >= early everywhere). Where neither is affine (a tail of a split list that ends a
+of two chains: max(j, L - 1 - j)) takes its latest ones. Early to early, late to late and early
+to late never go backwards (late >= early everywhere); a dependence from a late statement to an
+early one may, so each such dependence is checked exactly (ISL) and only where it does go
+backwards does its sink take its late times too, repeated until none does (the stacked LSTM's
+pullback: its top layer's first map has no predecessor, so it is early at level 1 there and
+late elsewhere; its successors stay early, among them a gate map whose late times, behind a
+reduction, are not affine). If a sink that must move has no affine late time, every statement
+after the late ones takes its late times, else all do. Where neither is affine (a tail of a split list that ends a
 step later than the rest, with no slack), the same choice is made among the level maps
 themselves, piecewise affine, when they have at most MAX_PIECES pieces each (the loop nest
 repeats the statement once per piece). When no choice is left, there are no hyperplanes and
@@ -53,13 +58,42 @@ def statement_hyperplanes(model: PolyModel, deps: Dependences) -> dict | None:
 
 
 def _choose(fits: dict, deps: Dependences) -> dict | None:
-    """Per statement, its (early, late) time: early, except late for those whose early one is
-    missing and every statement after them; else late everywhere; None if one is missing."""
-    pick_late = _after(deps, {name for name, (e, _) in fits.items() if e is None})
-    chosen = {name: fits[name][1 if name in pick_late else 0] for name in fits}
-    if any(m is None for m in chosen.values()):
-        chosen = {name: late for name, (_, late) in fits.items()}
-    return None if any(m is None for m in chosen.values()) else chosen
+    """Per statement, its (early, late) time (module docstring): early where it is affine, late
+    where not and for the sinks of the dependences that go backwards, until none does; else late
+    for those whose early one is missing and every statement after them; else late everywhere;
+    None if one is missing."""
+    missing = {name for name, (e, _) in fits.items() if e is None}
+    for pick_late in (_repaired(fits, deps, missing), _after(deps, missing), set(fits)):
+        if pick_late is None:
+            continue
+        chosen = {name: fits[name][1 if name in pick_late else 0] for name in fits}
+        if all(m is not None for m in chosen.values()):
+            return chosen
+    return None
+
+
+def _repaired(fits: dict, deps: Dependences, late: set) -> set | None:
+    """`late` and the sinks that must take their late times too so that no dependence goes
+    backwards (each late -> early dependence checked with ISL); None where such a sink has no
+    late time."""
+    late, edges = set(late), [(m.get_tuple_name(isl.dim_type.in_), m.get_tuple_name(isl.dim_type.out), m)
+                              for m in maps(deps.all)]
+    changed = True
+    while changed:
+        changed = False
+        for src, dst, m in edges:
+            if src not in late or dst in late:
+                continue
+            t_src, t_dst = fits[src][1], fits[dst][0]
+            if t_src is None or t_dst is None:
+                return None
+            times = m.apply_domain(t_src).apply_range(t_dst)  # [source time] -> [sink time]
+            if not times.intersect(isl.Map.lex_ge(times.get_space().range())).is_empty():
+                if fits[dst][1] is None:
+                    return None
+                late.add(dst)
+                changed = True
+    return late
 
 
 def _affine(model: PolyModel, name: str, level_maps: dict) -> isl.Map | None:

@@ -135,6 +135,30 @@ def test_backward_schedule_is_a_reversed_wavefront(D, L):
     assert prog.schedule.sequential_steps == prog.schedule.critical_path <= L + D + 1
 
 
+def test_lstm_backward_schedule_is_a_reversed_wavefront():
+    """Under "auto" the stacked LSTM's backward reaches its critical path: each statement of the
+    nest of reversed scans (layers j, time k) runs at one hyperplane over both, θ = a·j + b·k + c
+    with a, b < 0 (layer j - 1 and step k - 1 start while j and k still run), where the bands
+    run the layers one after the other. A time step is a chain of statements (the gates' cotangents,
+    their reductions), so the slopes are that chain's length, and one more across layers, whose
+    first map waits for the layer above (the top one reads the cotangent given)."""
+    from polyft.schedule.schedule import time_rows
+    D, L = 3, 7
+    inputs = stacked_lstm.inputs("small", seed=3, N=2, D=D, L=L, H=4)
+    out, pullback = ft.vjp(stacked_lstm.program, *inputs)
+    prog = ft.analyze(pullback, ones_like_out(out))
+    s = prog.schedule
+    assert s.sequential_steps == s.critical_path < s.band_steps
+    nest = [st for st in prog.etdg.statements if [d.op for d in st.dims].count("scanr") == 2]
+    assert nest
+    for st in nest:
+        (coeffs, _), *_ = time_rows(s.hyperplanes[st.name])
+        (j, k) = (n for n, d in enumerate(st.dims) if d.op == "scanr")
+        assert coeffs[j] < 0 and coeffs[k] < 0, (st.name, coeffs)
+    # the path grows by a step's chain per time step and layer, not by the product D * L
+    assert s.critical_path <= (L + D - 1) * (max(-min(time_rows(s.hyperplanes[st.name])[0][0]) for st in nest) + 1)
+
+
 def central_differences(fn, arrays, k, eps=1e-6):
     """d sum(fn(...)) / d arrays[k], by central differences in float64."""
     base = [a.copy() for a in arrays]
