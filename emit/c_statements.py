@@ -177,7 +177,28 @@ def instance_flops(ops) -> int:
                for op in ops)
 
 
-SPLAT_BYTES = 1 << 16  # the most stack a row block's splatted left elements take (K = 1024 on SSE's 4 rows)
+SPLAT_BYTES = 1 << 14  # a chunk of a row block's splatted left elements: half a 32 KB L1 (K = 256 on SSE's 4 rows)
+
+
+def splat_chunks(Ks, per_k: int) -> list:
+    """The K ranges of a GEMM's terms (`Ks`, in order) cut into chunks whose splatted left
+    elements (`per_k` bytes a column) take at most SPLAT_BYTES: [[(term, m0, m1), ...], ...].
+    A chunk's splat stays in the L1 cache while the right matrix's panels stream past it; a
+    whole row block's (x and h of an LSTM's gates, K = 512) filled it, and the splat and the
+    panels were read from L2 both."""
+    most = max(1, SPLAT_BYTES // per_k)
+    chunks, cur, room = [], [], most
+    for k, K in enumerate(Ks):
+        m0 = 0
+        while m0 < K:
+            m1 = min(K, m0 + room)
+            cur.append((k, m0, m1))
+            room -= m1 - m0
+            m0 = m1
+            if not room:
+                chunks.append(cur)
+                cur, room = [], most
+    return chunks + ([cur] if cur else [])
 
 
 def panel_width(kernel, Q: int) -> int:
@@ -747,11 +768,11 @@ class StatementBody:
         panel (K x the kernel's columns) stays in the L1/L2 cache for all the blocks, where
         the other order streamed the whole matrix once per block (an LSTM's four 256 x 256
         gate pairs on AVX2: 82 -> 92 GFLOP/s on a Zen 4 core). With kernel.splat, a row
-        block's left elements are splatted into vectors (`_ab<term>`) before its columns are
-        walked, where that takes at most SPLAT_BYTES of the stack, and the row blocks stay
-        outside (a splat serves every panel)."""
+        block's left elements are splatted into vectors (`_ab<term>`) a chunk of K at a time
+        (`splat_chunks`) before the columns are walked, the row blocks outside (a splat serves
+        every panel); after the first chunk the accumulators start from what the one before
+        stored."""
         MR, NV, L, splat = self.kernel
-        splat = splat and sum(K for K, *_ in terms) * MR * L * 4 <= SPLAT_BYTES
         NV = NV if Q % (L * NV) == 0 else 1
         panels_outer = not splat  # a panel of the right matrix is read from L1/L2 by every row block (BLIS's jr)
         if Q % L or t != "float":
@@ -783,30 +804,43 @@ class StatementBody:
                           if init_scale]
             else:
                 start = [cgen.Line(f"ft_vec {', '.join(f'{c} = {{0}}' for row in acc for c in row)};")]
-            steps, splats = [], []
-            for k, (K, _, (b, panel)) in enumerate(terms):
-                assert panel in (None, L * NV)
-                at = f"_m*{Q} + _q0" if panel is None else f"_q0*{K} + _m*{panel}"  # panel _q0 / panel starts at _q0*K
-                left = (lambda i: f"_ab{k}[_m][{i}]") if splat else (lambda i: f"_a{k}[{i}][_m]")
-                steps.append(cgen.For("int _m = 0", f"_m < {K}", "_m++", cgen.Block(
-                    [cgen.Line(f"ft_vec _w{v};") for v in range(NV)]
-                    + [cgen.Statement(f"memcpy(&_w{v}, {b} + {at} + {L * v}, sizeof _w{v})") for v in range(NV)]
-                    + [cgen.Line(f"{acc[i][v]} += {left(i)} * _w{v};") for i in range(MR) for v in range(NV)])))
-                if splat:
-                    splats += [cgen.Line(f"ft_vec _ab{k}[{K}][{MR}];"), cgen.For(
-                        "int _m = 0", f"_m < {K}", "_m++", cgen.Block(
-                            [cgen.Line(f"_ab{k}[_m][{i}] = (ft_vec){{0}} + _a{k}[{i}][_m];") for i in range(MR)]))]
+            resume = [cgen.Line(f"ft_vec {', '.join(c for row in acc for c in row)};")] + [
+                cgen.Statement(f"memcpy(&{acc[i][v]}, _o[{i}] + _q0 + {L * v}, sizeof {acc[i][v]})")
+                for i in range(MR) for v in range(NV)]  # a later chunk's start: what the one before stored
             store = [cgen.Statement(f"memcpy(_o[{i}] + _q0 + {L * v}, &{acc[i][v]}, sizeof {acc[i][v]})")
                      for v in range(NV) for i in range(MR)]
             if tail:
                 store = [cgen.If(f"_r0 + {MR} <= {nrows}", cgen.Block(store), cgen.Block([
                     cgen.If(f"_r0 + {i} < {nrows}", cgen.Block(store[i::MR])) for i in range(MR)]))]
-            kernel = [*start] + steps + store
+            chunks = (splat_chunks([K for K, *_ in terms], MR * L * 4) if splat
+                      else [[(k, 0, K) for k, (K, *_) in enumerate(terms)]])
+            parts = []
+            for c, chunk in enumerate(chunks):
+                steps, splats = [], []
+                for k, m0, m1 in chunk:
+                    K, _, (b, panel) = terms[k]
+                    assert panel in (None, L * NV)
+                    at = f"_m*{Q} + _q0" if panel is None else f"_q0*{K} + _m*{panel}"  # panel _q0 / panel starts at _q0*K
+                    m = f"_m - {m0}" if m0 else "_m"
+                    left = (lambda i, k=k, m=m: f"_ab{k}[{m}][{i}]") if splat else (lambda i, k=k: f"_a{k}[{i}][_m]")
+                    steps.append(cgen.For(f"int _m = {m0}", f"_m < {m1}", "_m++", cgen.Block(
+                        [cgen.Line(f"ft_vec _w{v};") for v in range(NV)]
+                        + [cgen.Statement(f"memcpy(&_w{v}, {b} + {at} + {L * v}, sizeof _w{v})") for v in range(NV)]
+                        + [cgen.Line(f"{acc[i][v]} += {left(i)} * _w{v};") for i in range(MR) for v in range(NV)])))
+                    if splat:
+                        splats += [cgen.Line(f"ft_vec _ab{k}[{m1 - m0}][{MR}];"), cgen.For(
+                            f"int _m = {m0}", f"_m < {m1}", "_m++", cgen.Block(
+                                [cgen.Line(f"_ab{k}[{m}][{i}] = (ft_vec){{0}} + _a{k}[{i}][_m];") for i in range(MR)]))]
+                kernel = [*(resume if c else start)] + steps + store
+                if panels_outer:
+                    parts += kernel
+                else:
+                    parts.append(cgen.Block(splats + [
+                        cgen.For("int _q0 = 0", f"_q0 < {Q}", f"_q0 += {L * NV}", cgen.Block(kernel))]))
             return cgen.For(f"int _r0 = {first}", last, f"_r0 += {MR}", cgen.Block([
                 cgen.Line(" ".join(f"const {t}* _a{k}[{MR}];" for k in range(len(terms))) + f" {t}* _o[{MR}];"
                           + (f" const {t}* _x[{MR}];" if init_row else "") + (f" {t} _s[{MR}];" if init_scale else "")),
-                cgen.For("int _i = 0", f"_i < {MR}", "_i++", cgen.Block(rows)), *splats] + (kernel if panels_outer else [
-                cgen.For("int _q0 = 0", f"_q0 < {Q}", f"_q0 += {L * NV}", cgen.Block(kernel))])))
+                cgen.For("int _i = 0", f"_i < {MR}", "_i++", cgen.Block(rows)), *parts]))
         # blocks of the kernel's MR rows, then the last `_rt` rows in blocks of MT = 4 (2 where
         # MR is 4 or less), _rt being the remainder of MR or, where that wastes fewer rows,
         # one MR block more: on AVX2's 6-row kernel 8 rows run as 4 + 4, 14 as 6 + 4 + 4
