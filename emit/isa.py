@@ -85,7 +85,7 @@ def compiler(cc=None) -> str:
 def features(level: str | None = None, cc: str | None = None) -> frozenset:
     """The instruction-set macros `cc -march=level` defines (`__AVX512F__`, `__AVX2__`,
     `__FMA__`, `__SSE2__`, `__ARM_NEON`, ...). Empty when there is no compiler to ask, or
-    when it fails on native (the build reports what is wrong with it); another level it
+    when it fails on native too (the build reports what is wrong with it); another level it
     rejects raises CompileError (a misspelt $POLYFT_MARCH must not build for some default
     silently)."""
     level = level or march()
@@ -94,8 +94,8 @@ def features(level: str | None = None, cc: str | None = None) -> frozenset:
     except CompileError:
         return frozenset()
     r = tool.run([cc, f"-march={level}", "-dM", "-E", "-x", "c", os.devnull], where=cc)
-    if r.returncode != 0 and level == "native":
-        return frozenset()
+    if r.returncode != 0 and (level == "native" or not features("native", cc)):
+        return frozenset()  # the compiler fails whatever the level: its build says what is wrong
     if r.returncode != 0:
         raise CompileError(f"{cc} does not know -march={level} (from ${ENV}={os.environ.get(ENV, '')!r}): "
                            f"{r.stderr.strip().splitlines()[0] if r.stderr.strip() else 'no message'}",
