@@ -111,7 +111,13 @@ TILE_ROWS = 128  # rows of a tiled statement's products: its temporaries stay in
 # micro-kernel's walk down its columns runs 10-25% slower on rows 2-4 KB apart (1024^2 floats:
 # 197 GFLOP/s against 248 packed on a Zen 4 core). A pack costs about two 16-row products by
 # the matrix, so only matrices that meet PACK_ROWS rows of left operands in a call are packed.
+# A panel one cache line wide (AVX2's 16 floats) reads one line a row, rows 512 B apart at
+# Q = 128, which the L1 keeps few of: its matrices are packed from PACK_BYTES_LINE (the stacked
+# RNN and LSTM at H = 128 on AVX2: 1.04-1.21x with two threads; below it, 64 x 64 tiles of b2b
+# GEMM and attention, which fit the L1, ran 0.5-0.9x packed). Narrower panels (SSE, NEON) use half
+# of every line they load in place: their matrices are packed at any size.
 PACK_BYTES = 1 << 20
+PACK_BYTES_LINE = 1 << 16
 PACK_ROWS = 64
 CACHE_LINE = 64  # bytes
 ASSUMED_TRIPS = 16  # the iterations the cost model assumes of a loop whose bounds it cannot evaluate
@@ -231,14 +237,16 @@ class CTarget(Target):
 
 def packed_weights(model, kernel=None) -> dict:
     """The read-only buffers (inputs, constants) whose matrices a call packs before it runs:
-    name -> Buffer. Their elements are float32 K x Q matrices of PACK_BYTES or more (of any
-    size where the micro-kernel's panel is narrower than a cache line: read in place, it would
-    use half of every line it loads), the micro-kernel's lanes dividing Q (`kernel`: the current
+    name -> Buffer. Their elements are float32 K x Q matrices of PACK_BYTES or more
+    (PACK_BYTES_LINE where the micro-kernel's panel is one cache line wide, any size where it is
+    narrower: read in place, it would use half of every line it loads), the micro-kernel's lanes
+    dividing Q (`kernel`: the current
     ISA's if None), that matmuls take whole as their right operand, each meeting PACK_ROWS rows
     of left operands or more in a call (counted at the model's sizes; assumed where they are
     not all known)."""
     kernel = Kernel(*kernel) if kernel else current().micro_kernel
-    least = PACK_BYTES if 4 * kernel.lanes * kernel.vectors >= CACHE_LINE else 0
+    panel = 4 * kernel.lanes * kernel.vectors
+    least = 0 if panel < CACHE_LINE else PACK_BYTES_LINE if panel == CACHE_LINE else PACK_BYTES
     rows, found = {}, {}
     for st in model.etdg.statements:
         instances = _instances(model.domains[st.name], model)

@@ -117,6 +117,19 @@ def test_sse_splats_left_elements_and_packs_matrices_of_any_size():
         assert_same(prog(*args), gates(*args))
 
 
+@pytest.mark.parametrize("panel, size, packed", [(16, 64, False), (16, 128, True), (32, 128, False), (8, 64, True)])
+def test_one_line_panels_pack_matrices_past_the_l1(monkeypatch, panel, size, packed):
+    """A panel one cache line wide (AVX2's 2 vectors of 8) packs a shared matrix of 64 KB (128 x 128)
+    but reads a 16 KB one in place; a wider one (AVX-512's 32 floats) packs neither, a narrower one
+    (SSE's 8 floats) both. Checked by the kernel the target is given, so on any host."""
+    kernel = {16: (6, 2, 8), 32: (8, 2, 16), 8: (4, 2, 4, True)}[panel]
+    monkeypatch.setattr(TARGETS["c"][0], "kernel", kernel)
+    args = gates_inputs(96, size, size)
+    prog = ft.compile(gates, *args)
+    assert prog.packed == ({"w", "u"} if packed else set())
+    assert_same(prog(*args), gates(*args))
+
+
 def test_an_unknown_level_is_a_clear_error(monkeypatch):
     monkeypatch.setenv(isa.ENV, "no-such-cpu")
     with pytest.raises(ft.errors.CompileError, match="-march=no-such-cpu.*POLYFT_MARCH"):
@@ -215,6 +228,7 @@ def packed(source: str) -> int:
 def pack_all(monkeypatch):
     """Every matrix a matmul shares counts as large: small programs take the packed path."""
     monkeypatch.setattr(c_target, "PACK_BYTES", 0)
+    monkeypatch.setattr(c_target, "PACK_BYTES_LINE", 0)
     monkeypatch.setattr(c_target, "PACK_ROWS", 1)
 
 
@@ -248,10 +262,12 @@ def test_packed_lstm_gate_weights(pack_all):
         assert_same_bits_on_1_to_3_threads(prog, stacked_lstm.program, *inputs)
 
 
-def test_only_large_read_only_matrices_meeting_enough_rows_are_packed():
-    """At the real thresholds: a 512 x 512 weight (1 MiB) met by 64 rows is packed, by 16 rows
-    not (the pack would cost more than it saves), a 256 x 256 one (256 KiB) not; a right
-    operand the program computes is never packed."""
+def test_only_large_read_only_matrices_meeting_enough_rows_are_packed(monkeypatch):
+    """At the real thresholds of a panel wider than a cache line (AVX-512's 8 x 32 kernel): a
+    512 x 512 weight (1 MiB) met by 64 rows is packed, by 16 rows not (the pack would cost more
+    than it saves), a 256 x 256 one (256 KiB) not; a right operand the program computes is never
+    packed."""
+    monkeypatch.setattr(TARGETS["c"][0], "kernel", (8, 2, 16))
     def rows(xs, w):
         return xs.map(lambda x: x @ w)
 

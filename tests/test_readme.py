@@ -207,11 +207,15 @@ def rounds_to(shown: str, value: float) -> bool:
 @functools.lru_cache(maxsize=1)
 def memory_rows() -> pd.DataFrame:
     """memory_<preset>.csv's paper-shape rows as the code computes them now (experiments.memory.measure:
-    prog.memory() and the traffic models; a few seconds), one per workload."""
+    prog.memory() and the traffic models; a few seconds), one per workload, for code built for
+    AVX-512 as the README's table says (which weights are packed depends on the ISA's panel; the
+    code is only analysed, so any x86 host computes them)."""
+    from polyft.emit import isa
     from polyft.experiments.memory import measure
     from polyft.workloads import WORKLOADS
 
-    return pd.DataFrame([measure(name, "paper") for name in WORKLOADS]).set_index("workload")
+    with isa.building_for("skylake-avx512"):
+        return pd.DataFrame([measure(name, "paper") for name in WORKLOADS]).set_index("workload")
 
 
 def section(title: str) -> str:
