@@ -19,12 +19,12 @@ of two chains: max(j, L - 1 - j)) takes its latest ones. Early to early, late to
 to late never go backwards (late >= early everywhere); a dependence from a late statement to an
 early one may, so each such dependence is checked exactly (ISL) and only where it does go
 backwards does its sink take its late times too, repeated until none does (the stacked LSTM's
-pullback: its top layer's first map has no predecessor, so it is early at level 1 there and
-late elsewhere; its successors stay early, among them a gate map whose late times, behind a
-reduction, are not affine). If a sink that must move has no affine late time, every statement
-after the late ones takes its late times, else all do. Where neither is affine (a tail of a split list that ends a
-step later than the rest, with no slack), the same choice is made among the level maps
-themselves, piecewise affine, when they have at most MAX_PIECES pieces each (the loop nest
+pullback: a layer's first map has no predecessor on the top layer, level 1 there and on the
+wavefront below, not affine, so it takes its late times; its successors keep their early ones,
+among them a gate map whose late times, behind a reduction, are not affine). If a sink that must
+move has no affine late time, every statement after the late ones takes its late times, else all
+do. Where neither is affine (a tail of a split list that ends a step later than the rest, with
+no slack), the same choice is made among the level maps themselves, piecewise affine, when they have at most MAX_PIECES pieces each (the loop nest
 repeats the statement once per piece). When no choice is left, there are no hyperplanes and
 the band schedule stays.
 """
