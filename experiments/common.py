@@ -45,7 +45,8 @@ def meta() -> dict:
     """The columns every row carries: where, what code, when, and the ISA level of the
     generated C and of the peers (cap_peers)."""
     level = isa.march()
-    peer = PEER_ISA[level]["ATEN_CPU_CAPABILITY"] if level in PEER_ISA and cap_peers() else "native"
+    env = PEER_ISA.get(level)
+    peer = env["ATEN_CPU_CAPABILITY"] if env and _capped(env) else "native"
     return {"device": cpu_name(), "commit": commit(), "date": datetime.date.today().isoformat(),
             "isa": f"{level} ({isa.current().name})", "peer_isa": peer}
 
@@ -77,8 +78,7 @@ def cap_peers() -> bool:
     env = PEER_ISA.get(isa.march())
     if not env:
         return True
-    loaded = [m for m in ("torch", "jax") if m in sys.modules]
-    if loaded and any(os.environ.get(k) != v for k, v in env.items() if k != "XLA_FLAGS"):
+    if any(m in sys.modules for m in ("torch", "jax")) and not _capped(env):
         return False
     for key, value in env.items():
         if key == "XLA_FLAGS":
@@ -87,6 +87,11 @@ def cap_peers() -> bool:
         else:
             os.environ.setdefault(key, value)
     return True
+
+
+def _capped(env: dict) -> bool:
+    """Whether the peers' ISA variables hold the level's cap (XLA_FLAGS is appended to, not set)."""
+    return all(os.environ.get(k) == v for k, v in env.items() if k != "XLA_FLAGS")
 
 
 def preset_args(parser: argparse.ArgumentParser, quick: str = "small sizes on the CPU (the default)",
