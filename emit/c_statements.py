@@ -494,7 +494,8 @@ class StatementBody:
     def _across(self, op) -> bool:
         """A batched operation over all the batch's instances at once: a GEMM of every
         instance's rows by one shared matrix."""
-        return (op.op == "matmul" and self._shared_right(op)) or op in self.sums
+        return (op.op == "matmul" and self._shared_right(op)) or op in self.sums or \
+            (op in self.accumulates and self._shared_right(self.accumulates[op][0]))
 
     def _instance_major(self, ops):
         """A batch's operations, each run of per-instance ones (between the GEMMs over all
@@ -595,8 +596,10 @@ class StatementBody:
         computes), computed as one GEMM whose accumulators start from x's rows, so neither the
         product nor the sum is a separate pass. Where x is `a * y` (a column a of one value a
         row, used nowhere else), they start from a[r] * y's rows: flash attention's
-        `alpha * o + p @ v` is then one pass over o. Per instance where batched, with the
-        per-instance right operand the batch's GEMM over all its rows does not take."""
+        `alpha * o + p @ v` is then one pass over o. Batched, the GEMM is per instance where the
+        right operand is per instance, else one GEMM over all the instances' rows (_gemm_of),
+        unscaled: back-to-back GEMMs' `acc + (a @ b) @ c` adds c's product into acc's rows as
+        it goes, where it wrote the product and then read both again to add them."""
         if not self.ACCUMULATE:
             return {}
         uses = self._uses()
@@ -608,11 +611,11 @@ class StatementBody:
             mm, x = mms[0], op.inputs[1 if op.inputs[0] is mms[0] else 0]
             batched = op in self.batched
             if not isinstance(x, OpNode) or uses[mm] != 1 or ctype(op.dtype) != "float" \
-                    or any(len(self._operand(a)[1]) != 2 for a in mm.inputs) \
-                    or (batched and self._shared_right(mm)) or (mm in self.batched) != batched:
+                    or any(len(self._operand(a)[1]) != 2 for a in mm.inputs) or (mm in self.batched) != batched:
                 continue
+            across = batched and self._shared_right(mm)  # one GEMM over every instance's rows
             starts = [(x, None, (mm,))]
-            if x.op == "mul" and uses[x] == 1 and len(x.inputs) == 2:
+            if x.op == "mul" and uses[x] == 1 and len(x.inputs) == 2 and not across:
                 starts = [(y, a, (mm, x)) for a, y in (x.inputs, x.inputs[::-1])
                           if self._operand(a)[1:] == ((op.shape[0], 1), "float32")] + starts
             for y, scale, nodes in starts:
@@ -648,6 +651,8 @@ class StatementBody:
             body = self._matmul_shared_right(op)
         elif op in self.sums:
             body = self._gemm_of(op, self.sums[op])
+        elif op in self.accumulates and self._shared_right(self.accumulates[op][0]):
+            body = self._gemm_of(op, [self.accumulates[op][0]], init=self.accumulates[op][1])
         else:
             self._emit(op)
             lines = self._reused(op, self.lines) + self._between_instances(op)
@@ -678,26 +683,28 @@ class StatementBody:
     def _matmul_shared_right(self, op) -> list:
         return self._gemm_of(op, [op])
 
-    def _gemm_of(self, op, mms) -> list:
-        """op = the sum of the matmuls `mms` (one, or a fused pair), as one GEMM. Batched
-        (per-instance rows times one shared matrix): one matrix-matrix product over all the
-        tile's rows, so each row of the shared matrix is loaded once per tile (the reuse a
-        GEMM gets) instead of once per instance."""
-        terms = []
-        for mm in mms:
-            a_op, b = mm.inputs[0], self._right(mm)
-            if mm in self.batched:
-                P, K = a_op.shape
-                a_row = (lambda r, a=a_op, P=P, K=K: f"v{a.id}[({r}) / {P}] + (({r}) % {P})*{K}") \
-                    if a_op.op == "load" else Rows(f"v{a_op.id}", K)
-            else:
-                a, (P, K), _ = self._operand(a_op)
-                a_row = Rows(a, K)
-            terms.append((K, a_row, b))
+    def _gemm_of(self, op, mms, init=None) -> list:
+        """op = the sum of the matmuls `mms` (one, or a fused pair), plus the tile `init` where
+        given, as one GEMM. Batched (per-instance rows times one shared matrix): one
+        matrix-matrix product over all the tile's rows, so each row of the shared matrix is
+        loaded once per tile (the reuse a GEMM gets) instead of once per instance."""
+        terms = [(mm.inputs[0].shape[1], self._rows(mm.inputs[0]), self._right(mm)) for mm in mms]
         P, Q = op.shape
         rows = f"_nb*{P}" if op in self.batched else str(P)
         return self._gemm(rows, terms, Q, Rows(f"v{op.id}", Q), ctype(op.dtype),
+                          init_row=None if init is None else self._rows(init),
                           most=self.batch[1] * P if op in self.batched else P)
+
+    def _rows(self, a):
+        """Row r of a matrix operand as a C pointer: of the whole batch's rows, instance after
+        instance, where it is batched (a batched load is an array of per-instance pointers)."""
+        if a not in self.batched:
+            name, (_, K), _ = self._operand(a)
+            return Rows(name, K)
+        P, K = a.shape
+        if a.op == "load":
+            return lambda r: f"v{a.id}[({r}) / {P}] + (({r}) % {P})*{K}"
+        return Rows(f"v{a.id}", K)
 
     def _right(self, mm):
         """The right operand of a matmul as the GEMM reads it: (C pointer, None) to a row-major

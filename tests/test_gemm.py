@@ -340,6 +340,25 @@ def test_a_tile_plus_a_matmul_is_one_gemm(kernel, Q):
 
 
 @pytest.mark.parametrize("Q", [64, 40])
+def test_a_tile_plus_a_shared_matmul_is_one_gemm_over_the_batch(kernel, Q):
+    """Back-to-back GEMMs `acc + (a @ b) @ c` (b, c shared by the map's instances; acc a
+    tile read from a buffer, or computed): the second product is one GEMM over every instance's
+    rows whose accumulators start from acc's, instead of a product written and then added.
+    5 rows an instance: the instances' rows run through the kernel's row blocks and its tail."""
+    def b2b(as_, b, c, accs):
+        return ft.map(lambda a, acc: acc + (a @ b) @ c, as_, accs)
+
+    def computed(as_, b, c, accs):
+        return ft.map(lambda a, acc: ft.tanh(acc) + (a @ b) @ c, as_, accs)
+    as_, accs = flist([7], [5, 16], 1), flist([7], [5, Q], 2)
+    b, c = rand((16, 24), 3) / 4, rand((24, Q), 4) / 5
+    for fn in (b2b, computed):
+        prog = ft.compile(fn, as_, b, c, accs)
+        assert accumulated(prog.source) == (Q % kernel[2] == 0), fn.__name__
+        assert_same(prog(as_, b, c, accs), fn(as_, b, c, accs))
+
+
+@pytest.mark.parametrize("Q", [64, 40])
 def test_a_scaled_tile_plus_a_matmul_starts_from_the_scaled_rows(kernel, Q):
     """`a * o + p @ v` with a a column (one value a row; flash attention's alpha): the GEMM's
     accumulators start from a[r] * o's rows (no pass writes a * o), either operand order, in
