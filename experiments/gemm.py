@@ -11,10 +11,14 @@ columns). Results are checked against numpy before timing.
 
 Three references for each level, none sharing the generated code (experiments/peak.py):
 `peak_gflops`, the theoretical peak (clock from a dependent-add chain x FP units x lanes x 2);
-`probe_gflops`, independent vector FMA chains at the level's width (what the core issues);
-and the BLAS rows. `of_peak` is gflops over the level's theoretical peak, `vs_blas` over the
-faster of torch and numpy on the same product; `suspect` flags a rate above the theoretical
-peak (a measurement error: a wrong clock or flop count).
+`probe_gflops`, independent vector multiply-add chains at the level's width (what the core
+issues); and the BLAS rows. Besides torch and numpy at the CPU's own ISA, OpenBLAS runs at
+each lower level (`openblas-<core>` rows: numpy in a child process with $OPENBLAS_CORETYPE set
+to a core of that ISA, LEVEL_BLAS), so a level's code meets a BLAS that has no more than its
+instructions. `of_peak` is gflops over the level's theoretical peak, `vs_blas` over the
+fastest BLAS row at the CPU's ISA on the same product, `vs_level_blas` over the BLAS of the
+row's own level; `suspect` flags a rate above the theoretical peak (a measurement error: a
+wrong clock or flop count).
 Writes results/gemm_<preset>.csv.
 
     python -m polyft.experiments.gemm [--quick | --paper] [--out DIR] [--resume]
@@ -22,7 +26,11 @@ Writes results/gemm_<preset>.csv.
 from __future__ import annotations
 
 import ctypes
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -40,6 +48,9 @@ from .reproduce import main
 REPEATS = {"quick": 21, "paper": 51}
 ROUNDS = 3  # the systems of a point are timed round-robin, each keeping its best round: a shared
 #             VM's slow spells last seconds, and systems timed one after the other met different ones
+# OpenBLAS cores whose kernels a level's instructions run (the x86-64 level's SSE2 has no core
+# of its own: Prescott's kernels add SSE3's loads and moves, no wider vectors, no FMA)
+LEVEL_BLAS = {"x86-64": "Prescott", "haswell": "Haswell", "skylake-avx512": "SkylakeX"}
 SHAPES = {"quick": [(256, 1, 256), (16, 64, 256), (256, 1, 1024)],
           "paper": [(256, 1, 256), (16, 64, 256), (256, 1, 1024), (1024, 1, 2048)]}
 
@@ -58,6 +69,9 @@ double probe(long n, float x)
 """
 
 
+PROBE_CHAINS = 12  # 12 vectors + 2 constants: within SSE2's 16 registers
+
+
 def _best(fn, repeats: int) -> float:
     """Median seconds of fn after two warm-up calls."""
     fn(), fn()
@@ -71,9 +85,11 @@ def _best(fn, repeats: int) -> float:
 
 def fma_probe(level: str, repeats: int = 7) -> float:
     """GFLOP/s of one core issuing independent vector multiply-adds at `level`'s width, as many
-    chains as its GEMM micro-kernel has accumulators (they fit its registers)."""
+    chains as its GEMM micro-kernel has accumulators (they fit its registers), and at least
+    PROBE_CHAINS: without FMA a chain's step is a multiply and then an add, two latencies to
+    hide (8 chains of SSE2 issued at 63% of a Zen 4 core's two multiplies and two adds a cycle)."""
     spec = isa.isa(isa.features(level))
-    chains = spec.kernel[0] * spec.kernel[1]
+    chains = max(spec.kernel[0] * spec.kernel[1], PROBE_CHAINS)
     flags = [f for f in runtime_c.compile_flags(level) if f != "-fopenmp"]
     if "__AVX__" in isa.features(level):  # GCC may split a vector wider than its tuning prefers
         flags.append(f"-mprefer-vector-width={32 * spec.lanes}")
@@ -146,13 +162,12 @@ def _torch_lstm_gates(arrays, shape):
 
 
 def _numpy_same(arrays, numpy_fn, shape):
-    """numpy's matmuls of the same matrices on one thread (threadpoolctl limits its BLAS)."""
-    from threadpoolctl import threadpool_limits
+    """numpy's matmuls of the same matrices (on one thread: `run` holds threadpoolctl's limit
+    for the whole experiment, as entering it each call cost more than a 256^3 product)."""
     flat = [a.reshape(-1, a.shape[-1]) if a.ndim == 3 else a for a in arrays]
 
     def run():
-        with threadpool_limits(1, user_api="blas"):
-            return numpy_fn(*flat)
+        return numpy_fn(*flat)
     return run, lambda: run().reshape(shape)
 
 
@@ -173,9 +188,74 @@ def blas_name() -> str:
     return f"{blas[0]['internal_api']} {blas[0].get('architecture') or ''}".strip() if blas else "unknown"
 
 
+def _blas_child() -> None:
+    """LevelBlas's child process: numpy's BLAS, loaded under the parent's $OPENBLAS_CORETYPE.
+    Reads the points (a JSON line: repeats, [[M, P, H], program index] each), answers the
+    BLAS's name and each point's rel error against float64 (a JSON line), then times the point
+    of each index it reads (one call of `_best` a line) until stdin closes."""
+    from threadpoolctl import threadpool_limits
+    request = json.loads(sys.stdin.readline())
+    calls, errors = [], []
+    with threadpool_limits(1, user_api="blas"):
+        for (M, P, H), index in request["points"]:
+            _, _, make, ref, _, _, numpy_fn = _programs()[index]
+            inputs = make(M, P, H, np.random.default_rng(M * P + H))
+            arrays = [x.to_numpy() if isinstance(x, ft.FractalTensor) else x for x in inputs]
+            expected = ref(*(a.astype(np.float64) for a in arrays))
+            go, result = numpy_fn(arrays, expected.shape)
+            calls.append(go)
+            errors.append(float(rel_error(result(), expected)))
+        print(json.dumps({"blas": blas_name(), "errors": errors}), flush=True)
+        for line in sys.stdin:
+            print(_best(calls[int(line)], request["repeats"]), flush=True)
+
+
+class LevelBlas:
+    """OpenBLAS at the ISA of a lower level (its LEVEL_BLAS core), in a child process, since
+    OpenBLAS picks its kernels when it loads. The child times a point's product when asked
+    (`best`), so its turns fall in the rounds beside the other systems' turns. A shared VM's
+    128-bit code swings 1.6x between slow and fast spells: a BLAS timed apart meets other spells."""
+
+    def __init__(self, level: str, points: list, repeats: int):
+        env = dict(os.environ, OPENBLAS_CORETYPE=LEVEL_BLAS[level], OPENBLAS_NUM_THREADS="1")
+        code = "from polyft.experiments.gemm import _blas_child; _blas_child()"
+        self.child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      text=True, env=env)
+        self.child.stdin.write(json.dumps(dict(points=points, repeats=repeats)) + "\n")
+        self.child.stdin.flush()
+        answer = json.loads(self.child.stdout.readline() or "null")
+        if answer is None:
+            self.close()
+            raise RuntimeError(f"the child process timing OpenBLAS at {level} failed")
+        self.name, self.errors = answer["blas"], answer["errors"]
+
+    def best(self, index: int) -> float:
+        self.child.stdin.write(f"{index}\n")
+        self.child.stdin.flush()
+        return float(self.child.stdout.readline())
+
+    def close(self):
+        self.child.stdin.close()
+        self.child.wait()
+
+
+def level_blases(levels, points: list, repeats: int) -> dict:
+    """level -> LevelBlas for the levels below the CPU's own that LEVEL_BLAS names, where
+    numpy's BLAS is OpenBLAS (built for many cores, as numpy's wheels are)."""
+    if not blas_name().startswith("openblas"):
+        return {}
+    return {level: LevelBlas(level, points, repeats) for level in levels if level in LEVEL_BLAS}
+
+
 def run(preset: str = "quick", out_dir: str = "results", resume: bool = False) -> pd.DataFrame:
     import torch
+    from threadpoolctl import threadpool_limits
     torch.set_num_threads(1)
+    with threadpool_limits(1, user_api="blas"):
+        return _run(preset, out_dir, resume)
+
+
+def _run(preset: str, out_dir: str, resume: bool) -> pd.DataFrame:
     repeats = REPEATS[preset]
     info = dict(preset=preset, blas=blas_name(), **meta())
     ghz, units = clock_ghz(), fp_units()
@@ -184,6 +264,9 @@ def run(preset: str = "quick", out_dir: str = "results", resume: bool = False) -
         spec = isa.isa(isa.features(level))
         levels[level] = (spec, theoretical_gflops(spec, ghz, units), fma_probe(level))
     target = TARGETS["c"][0]
+    points = [(shape, program) for shape in SHAPES[preset] for program in _programs()]
+    index = [[list(shape), [q[0] for q in _programs()].index(prog[0])] for shape, prog in points]
+    blases = level_blases(levels, index, repeats)
 
     def point(p) -> list:
         (M, P, H), (name, fn, make, ref, products, torch_fn, numpy_fn) = p
@@ -215,7 +298,15 @@ def run(preset: str = "quick", out_dir: str = "results", resume: bool = False) -
             errors.append(rel_error(result(), expected))
             if not errors[-1] < 1e-4:
                 raise AssertionError(f"{label} ({level}) on {name} M={M} P={P} H={H}: rel error {errors[-1]:.2e}")
-        rounds = [[_best(go, repeats) for _, _, go, _ in systems] for _ in range(ROUNDS)]
+        turns = [lambda go=go: _best(go, repeats) for _, _, go, _ in systems]
+        k = points.index(p)
+        for level, blas in blases.items():
+            if not blas.errors[k] < 1e-4:
+                raise AssertionError(f"{blas.name} ({level}) on {name} M={M} P={P} H={H}: rel error {blas.errors[k]:.2e}")
+            systems.append((f"openblas-{LEVEL_BLAS[level]}", level, None, None))
+            errors.append(blas.errors[k])
+            turns.append(lambda blas=blas: blas.best(k))
+        rounds = [[turn() for turn in turns] for _ in range(ROUNDS)]
         best = [min(times) for times in zip(*rounds)]
         for (label, level, _, _), seconds, err in zip(systems, best, errors):
             spec, peak, probe = levels[level]
@@ -224,12 +315,19 @@ def run(preset: str = "quick", out_dir: str = "results", resume: bool = False) -
             rows.append(dict(common, system=label, level=level, isa=spec.name, kernel=kernel, seconds=seconds,
                              gflops=gflops, peak_gflops=round(peak, 1), probe_gflops=round(probe, 1),
                              of_peak=gflops / peak, of_probe=gflops / probe, suspect=gflops > peak,
-                             rel_error=err))
-        blas = max(r["gflops"] for r in rows if r["system"] in ("torch-mm", "numpy-sgemm"))
-        return [dict(r, vs_blas=r["gflops"] / blas) for r in rows]
-    points = [(shape, program) for shape in SHAPES[preset] for program in _programs()]
-    return sweep("gemm", preset, out_dir, points, point, resume=resume,
-                 key=lambda p: dict(product=p[1][0], M=p[0][0], P=p[0][1], H=p[0][2]))
+                             rel_error=err, **({"blas": blases[level].name} if label.startswith("openblas-") else {})))
+        native = max(r["gflops"] for r in rows if r["system"] in ("torch-mm", "numpy-sgemm"))
+        at_level = {r["level"]: r["gflops"] for r in rows if r["system"].startswith("openblas-")}
+        at_level["native"] = native
+        return [dict(r, vs_blas=r["gflops"] / native,
+                     vs_level_blas=r["gflops"] / at_level[r["level"]] if r["level"] in at_level else float("nan"))
+                for r in rows]
+    try:
+        return sweep("gemm", preset, out_dir, points, point, resume=resume,
+                     key=lambda p: dict(product=p[1][0], M=p[0][0], P=p[0][1], H=p[0][2]))
+    finally:
+        for blas in blases.values():
+            blas.close()
 
 
 def result_text(out_dir: str, preset: str) -> str:
@@ -243,11 +341,14 @@ def table(df: pd.DataFrame) -> str:
              "| level (ISA) | theoretical peak | FMA probe |", "|---|---|---|"]
     for level, g in df.groupby("level", sort=False):
         lines.append(f"| {level} ({g['isa'].iloc[0]}) | {g['peak_gflops'].iloc[0]} | {g['probe_gflops'].iloc[0]} |")
-    lines += ["", "| product | M x P x H | system | level (ISA) | GFLOP/s | of peak | vs BLAS |", "|---|---|---|---|---|---|---|"]
+    lines += ["", "| product | M x P x H | system | level (ISA) | GFLOP/s | of peak | vs BLAS | vs the level's BLAS |",
+              "|---|---|---|---|---|---|---|---|"]
     for r in df.itertuples():
         flag = " (above peak: measurement error)" if r.suspect else ""
-        lines.append(f"| {r.product} | {r.M} x {r.P} x {r.H} | {r.system} {r.kernel} | {r.level} ({r.isa}) | "
-                     f"{r.gflops:.1f} | {r.of_peak:.0%}{flag} | {r.vs_blas:.2f}x |")
+        system = r.system if r.kernel == "-" else f"{r.system} {r.kernel}"
+        level = "-" if pd.isna(r.vs_level_blas) else f"{r.vs_level_blas:.2f}x"
+        lines.append(f"| {r.product} | {r.M} x {r.P} x {r.H} | {system} | {r.level} ({r.isa}) | "
+                     f"{r.gflops:.1f} | {r.of_peak:.0%}{flag} | {r.vs_blas:.2f}x | {level} |")
     return "\n".join(lines)
 
 

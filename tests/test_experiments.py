@@ -334,3 +334,27 @@ def test_jax_runs_no_faster_than_avx2_allows_under_polyft_march_haswell():
     with isa.building_for("haswell"):
         avx2_peak = peak.theoretical_gflops(isa.current(), peak.clock_ghz())
     assert float(r.stdout.split()[-1]) < 1.2 * avx2_peak, (r.stdout, avx2_peak)
+
+
+def test_gemm_experiment_times_openblas_at_a_lower_level_in_a_child():
+    """The gemm experiment's BLAS at the SSE2 level: numpy's OpenBLAS in a child process loaded
+    under $OPENBLAS_CORETYPE, which checks its products against float64 and times the point it
+    is asked for. Its 128-bit kernels stay under that level's theoretical peak with a margin
+    (the CPU's own kernels, had the core type not taken, run at up to twice that peak)."""
+    from polyft.emit import isa
+    from polyft.experiments import gemm, peak
+    if not gemm.blas_name().startswith("openblas"):
+        pytest.skip(f"numpy's BLAS is {gemm.blas_name()}, not OpenBLAS: no core type to choose")
+    if "x86-64" not in isa.runnable_levels():
+        pytest.skip("not an x86 machine")
+    points = [[[256, 1, 256], 0], [[16, 4, 64], 2]]
+    blas = gemm.LevelBlas("x86-64", points, 5)
+    try:
+        assert blas.name.startswith("openblas") and all(e < 1e-5 for e in blas.errors), (blas.name, blas.errors)
+        seconds = [blas.best(0), blas.best(1), blas.best(0)]
+    finally:
+        blas.close()
+    assert blas.child.returncode == 0 and all(s > 0 for s in seconds)
+    with isa.building_for("x86-64"):
+        sse2_peak = peak.theoretical_gflops(isa.current(), peak.clock_ghz())
+    assert 2 * 256 ** 3 / min(seconds[0], seconds[2]) / 1e9 < 1.2 * sse2_peak
