@@ -88,14 +88,15 @@ def statement_functions(etdg, namer, buffer_ref, consts: dict, body_class, quali
                         variants, check=None, tile=TILE) -> list:
     """The functions of the called `variants` (StatementCalls'): `qualifiers name(dims...,
     ctx)`, whose body `body_class` generates, and `name_t<pos>(dims..., _nb, ctx)` running
-    `_nb` <= `tile` consecutive values of dim pos at once (StatementBody's batch);
-    `check(statement, body)` may reject a body (the CUDA target's shared memory)."""
+    `_nb` <= `tile` consecutive values of dim pos at once (StatementBody's batch; `tile` may
+    be a function of the statement's name); `check(statement, body)` may reject a body (the
+    CUDA target's shared memory)."""
     functions = []
     by_name = {st.name: st for st in etdg.statements}
     for name, pos in sorted(variants, key=lambda v: (v[0], -1 if v[1] is None else v[1])):
         st = by_name[name]
         names = {d: namer(d) for d in st.dims}
-        batch = (st.dims[pos], tile) if pos is not None else None
+        batch = (st.dims[pos], tile(name) if callable(tile) else tile) if pos is not None else None
         body = body_class(st.ops, lambda d, names=names: names[d], param_c, buffer_ref,
                           lambda v: const_name(consts, v), batch=batch)
         lines = body.generate()
@@ -151,6 +152,36 @@ def tiled_loops(etdg, ast, parallel: list, size: int, rows: int | None = None) -
     return tileable_loops(ast, parallel, width,
                           lambda name, pos: shared_matmul_work(by_name[name].ops, by_name[name].dims[pos]),
                           lambda name, pos: batchable(by_name[name], pos))
+
+
+def widened(etdg, ast, parallel: list, tiles: dict, local: dict, size: int, rows: int) -> dict:
+    """`tiles` with the loops under which no statement touches a `local` buffer at up to `size`
+    instances (and about `rows` rows of products, as tiled_loops's): storage keeps a local
+    buffer's cells for at most BATCH instances at once, a global one for all. A statement of
+    one-row instances then multiplies a shared matrix by `rows` rows at once, not 16: an LSTM's
+    four 1024 x 1024 gate pairs (32 MB) were read from memory once per 16 rows."""
+    if size <= TILE:
+        return tiles
+    by_name = {st.name: st for st in etdg.statements}
+    touches = {name: any(am.buffer.resolve().name in local for am in st.reads + st.writes)
+               for name, st in by_name.items()}
+    held = set()  # loops with a statement under them that touches a local buffer
+    for name, around in call_loops(ast):
+        if touches[name]:
+            held.update(loop_key(f) for f in around)
+    wide = tiled_loops(etdg, ast, parallel, size, rows)
+    return {key: wide.get(key, width) if key not in held else width for key, width in tiles.items()}
+
+
+def tile_widths(ast, tiles: dict) -> dict:
+    """Statement name -> the widest tile of a loop around its calls (statement_functions's
+    `tile`: the instances its batched variant runs at most)."""
+    out = {}
+    for name, around in call_loops(ast):
+        for f in around:
+            if loop_key(f) in tiles:
+                out[name] = max(out.get(name, 1), tiles[loop_key(f)])
+    return out
 
 
 def local_batches(etdg, storage, ast, parallel: list, tiles: dict, in_order: bool) -> dict:

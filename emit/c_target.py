@@ -25,7 +25,7 @@ import numpy as np
 from polyft.deps.traffic import count
 
 from .c_family import (MACROS, TILE, StatementCalls, const_decl, local_batches, param_c, prepare, statement_functions,
-                       tiled_loops)
+                       tile_widths, tiled_loops, widened)
 from .c_statements import StatementBody, ctype, instance_flops, length_c, native_dtype, packed_right, panel_width
 from .isl_ast import below, build_ast, call_name, evaluate, has_parallel, to_cgen, upper_bound
 from .protocol import Module, Target
@@ -107,6 +107,7 @@ static long ft_chunk(long n, double flops)
 
 
 TILE_ROWS = 128  # rows of a tiled statement's products: its temporaries stay in a core's L2
+WIDE_TILE = 128  # instances of a tile where no local buffer limits it (c_family.widened)
 # A shared matrix of PACK_BYTES or more is packed in panels before a call runs (ft_pack): the
 # micro-kernel's walk down its columns runs 10-25% slower on rows 2-4 KB apart (1024^2 floats:
 # 197 GFLOP/s against 248 packed on a Zen 4 core). A pack costs about two 16-row products by
@@ -154,6 +155,7 @@ class CTarget(Target):
         ast = build_ast(schedule.map, model.context)
         tiles = tiled_loops(etdg, ast, schedule.parallel, TILE, TILE_ROWS)
         local = local_batches(etdg, storage, ast, schedule.parallel, tiles, True)
+        tiles = widened(etdg, ast, schedule.parallel, tiles, local, WIDE_TILE, TILE_ROWS)
         level, spec = march(), current()
         kernel = Kernel(*self.kernel) if self.kernel else spec.micro_kernel
         packs = packed_weights(model, kernel) if self.pack else {}
@@ -166,8 +168,10 @@ class CTarget(Target):
             spilled[0] = max(spilled[0], body.scratch_bytes)
         called_functions = {}  # the GEMM and elementwise functions the statements call (StatementBody)
         body = functools.partial(StatementBody, kernel=kernel, packed=frozenset(packs), functions=called_functions)
+        widths = tile_widths(ast, tiles)
         functions = statement_functions(etdg, namer, buffer_ref, consts, body, "static void",
-                                        cgen.Value("const ctx_t* restrict", "c"), called.variants, spill)
+                                        cgen.Value("const ctx_t* restrict", "c"), called.variants, spill,
+                                        lambda name: widths.get(name, TILE))
         setup = [cgen.Line("ctx_t ctx;"), cgen.Line("const ctx_t* c = &ctx;")]
         setup += [cgen.Line(f"const long {p} = ctx.{p} = params[{k}];") for k, p in enumerate(params)]
         region_bytes = {}  # a local buffer's name -> the C expression of its bytes per thread

@@ -207,16 +207,32 @@ def test_accumulators_stay_in_registers(level, cc, tmp_path):
     assert not [line for line in asm if re.match(RELOAD[arch], line)], f"{level}: vectors reloaded from the stack"
 
 
-@pytest.mark.parametrize("P, width", [(1, 16), (32, 4), (64, 2), (200, 1)])
+@pytest.mark.parametrize("P, width", [(1, 128), (32, 4), (64, 2), (200, 1)])
 def test_tiles_bring_about_128_rows(P, width):
-    """A map's tile of instances sharing a right matrix holds at most 16 instances, fewer when
-    each brings many rows (TILE_ROWS = 128): the tile's temporaries stay in a core's caches."""
+    """A map's tile of instances sharing a right matrix brings about 128 rows (TILE_ROWS): the
+    tile's temporaries stay in a core's caches, and the shared matrix is read once per 128 rows
+    (one-row instances: 128 of them, as no local buffer limits the tile)."""
     def rows(xs, w):
         return xs.map(lambda x: ft.exp(x @ w))
     prog = ft.compile(rows, ft.spec(f"[N]float32[{P}, 16]"), ft.spec("float32[16, 16]"))
     assert f", {width}, 1);" in prog.source.split("ft_split(", 2)[-1]
     xs, w = flist([37], [P, 16], 1), rand((16, 16), 2) / 4
     assert_same(prog(xs, w), rows(xs, w))
+    xs = flist([300], [P, 16], 3)  # more instances than a tile, and a short last tile
+    assert_same(prog(xs, w), rows(xs, w))
+
+
+def test_a_tile_over_a_local_buffer_stays_16_instances():
+    """A fold's states live in a thread's scratch (a local buffer), whose cells storage
+    contracts for at most BATCH = 16 instances at once: a tile over them stays 16 instances,
+    though each brings one row."""
+    def fold(xss, w):
+        return xss.map(lambda xs: xs.foldl(lambda h, x: ft.tanh(h @ w + x), ft.zeros((1, 16))))
+    prog = ft.compile(fold, ft.spec("[N, L]float32[1, 16]"), ft.spec("float32[16, 16]"))
+    assert [b.name for b in prog.layout.buffers if prog.local_batch(b)]
+    assert ", 16, 1);" in prog.source.split("ft_split(", 2)[-1]
+    xss, w = flist([150, 5], [1, 16], 4), rand((16, 16), 5) / 4
+    assert_same(prog(xss, w), fold(xss, w))
 
 
 def packed(source: str) -> int:
