@@ -165,7 +165,7 @@ def systems(workload: str, by_hand: bool = False) -> list:
     """Every system of `workload`, CPU first, GPU ones absent (with the reason) where they
     cannot run here; with `by_hand`, also the workload's schedule by hand where it has one."""
     gpu = gpu_available()
-    out = [System(EAGER, "cpu", _eager, note="the program run eagerly on numpy (the reference)"),
+    out = [System(EAGER, "cpu", _eager, note="the program run eagerly on numpy (the reference; its BLAS on one thread while timed)"),
            System("c-original", "cpu", _polyft("c", "original"), note="generated C, the nest as written"),
            System("c-auto", "cpu", _polyft("c", "auto"), note="generated C, coarsened and reordered (§5)"),
            System("c-auto-1thread", "cpu", _polyft("c", "auto", threads=1),
@@ -227,20 +227,26 @@ def time_calls(calls: list, repeats: int, warmup: int = WARMUP) -> list:
     The timed calls come in ROUNDS turns, each system in turn running one untimed call and then
     its share of the repeats: a change of the machine's load while they are timed falls on all of
     them alike, so their ratios hold. Each turn starts after SETTLE seconds of quiet (the other
-    system's OpenMP workers stop spinning) and one untimed call (this one's workers wake up)."""
-    for fn, device in calls:
-        for _ in range(warmup):
-            _timed(fn, device)
-    times = [[] for _ in calls]
-    for r in range(ROUNDS):
-        share = repeats // ROUNDS + (r < repeats % ROUNDS)
-        for (fn, device), out in zip(calls, times):
-            time.sleep(SETTLE)
-            _timed(fn, device)
-            turn = [_timed(fn, device) for _ in range(share)]
-            while sum(turn) < MIN_TURN and len(turn) < MAX_CALLS_PER_TURN:
-                turn.append(_timed(fn, device))
-            out += turn
+    system's OpenMP workers stop spinning) and one untimed call (this one's workers wake up).
+    numpy's BLAS runs on one thread meanwhile: OpenBLAS's idle worker spins about 0.1 s after
+    each call it helps with, and the generated C's two threads ran 1.9x slower in that time
+    (b2b GEMM), so a system timed after eager numpy's turn lost a core to it, and the C's
+    thread choice could settle on one thread for the rest of its calls."""
+    from threadpoolctl import threadpool_limits
+    with threadpool_limits(1, user_api="blas"):
+        for fn, device in calls:
+            for _ in range(warmup):
+                _timed(fn, device)
+        times = [[] for _ in calls]
+        for r in range(ROUNDS):
+            share = repeats // ROUNDS + (r < repeats % ROUNDS)
+            for (fn, device), out in zip(calls, times):
+                time.sleep(SETTLE)
+                _timed(fn, device)
+                turn = [_timed(fn, device) for _ in range(share)]
+                while sum(turn) < MIN_TURN and len(turn) < MAX_CALLS_PER_TURN:
+                    turn.append(_timed(fn, device))
+                out += turn
     return times
 
 

@@ -358,3 +358,21 @@ def test_gemm_experiment_times_openblas_at_a_lower_level_in_a_child():
     with isa.building_for("x86-64"):
         sse2_peak = peak.theoretical_gflops(isa.current(), peak.clock_ghz())
     assert 2 * 256 ** 3 / min(seconds[0], seconds[2]) / 1e9 < 1.2 * sse2_peak
+
+
+def test_time_calls_runs_numpys_blas_on_one_thread_and_restores_it():
+    """While systems are timed, numpy's BLAS runs on one thread (an idle OpenBLAS worker spins
+    about 0.1 s after each call it helps with, taking a core from the next system in turn);
+    afterwards its thread count is what it was."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    def blas_threads():
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+    if not blas_threads():
+        pytest.skip("numpy has no BLAS that threadpoolctl controls")
+    seen = []
+    with threadpool_limits(2, user_api="blas"):
+        before = blas_threads()
+        measure.time_calls([(lambda: seen.append(blas_threads()), "cpu")], repeats=3, warmup=1)
+        assert blas_threads() == before
+    assert seen and all(threads == [1] * len(before) for threads in seen), seen
