@@ -158,13 +158,15 @@ def test_a_changed_captured_constant_is_never_used_stale():
 
 
 def test_large_tiles_do_not_overflow_the_stack(tmp_path):
-    """256 x 256 float32 tiles, a batch of 4 instances: every temporary is 1-4 MB."""
+    """512 x 512 float32 tiles: every temporary is 1 MB, more in all than a statement keeps on
+    its thread's stack (a tile of such instances is one instance: 512 rows each; the arrays are
+    sized for the widest tile a statement runs, where 256 x 256 tiles were once sized for 16)."""
     script = textwrap.dedent("""
         import numpy as np, polyft as ft
         from polyft.testing import rel_error
         rng = np.random.default_rng(5)
-        xs = ft.FractalTensor.from_numpy(rng.standard_normal((4, 256, 256)).astype(np.float32), 1)
-        w = (rng.standard_normal((256, 256)) / 256).astype(np.float32)
+        xs = ft.FractalTensor.from_numpy(rng.standard_normal((3, 512, 512)).astype(np.float32), 1)
+        w = (rng.standard_normal((512, 512)) / 512).astype(np.float32)
         f = lambda xs, w: xs.map(lambda x: ft.tanh(x @ w) + ft.softmax(x, axis=-1))
         prog = ft.compile(f, xs, w, target="c")
         assert "(c->ft_tmp + " in prog.source  # the temporaries are in the scratch
