@@ -246,6 +246,7 @@ class StatementBody:
         self.functions = functions  # signature -> (name, function): the module's functions the statements call
         self.sums: dict = {}  # add -> the two matmuls it sums, computed as one GEMM (_matmul_sums)
         self.accumulates: dict = {}  # add -> (matmul, tile) computed as one GEMM from the tile (_matmul_accumulates)
+        self.forward: dict = {}  # GEMM op -> the store it writes the cells of (_forwarded)
         self._in_batch = False  # generating the body of the per-instance `_b` loop
         self.single: set = set()  # batched values kept for one instance at a time (_instance_major)
         self.lines: list = []
@@ -303,8 +304,8 @@ class StatementBody:
         return " + ".join(reversed(terms)) or "0"
 
     def _decl(self, op):
-        if self._in_batch:
-            return  # declared once, before the `_b` loop
+        if self._in_batch or op in self.forward:
+            return  # declared once, before the `_b` loop; or written into a store's cells
         n = max(1, math.prod(op.shape)) * (self.batch[1] if op in self.batched and op not in self.single else 1)
         # the C type every other access uses (cgen's int64 is `long`: a function writing it through
         # `long long*` is another type to the compiler's aliasing rules, and its stores may be lost)
@@ -346,6 +347,7 @@ class StatementBody:
                 for src in a.inputs if a in fused else [a]:  # a fused matmul's inputs feed its sum's GEMM
                     if isinstance(src, OpNode) and src in self.readers:
                         self.readers[src].add(op)
+        self.forward = self._forwarded(ops)
         if self.batch is not None:
             self._instance_major(ops)
         else:
@@ -625,15 +627,58 @@ class StatementBody:
                     break
         return out
 
+    def _forwarded(self, ops) -> dict:
+        """GEMM op -> the store that is its only reader, where the GEMM can write the store's
+        cells itself instead of a tile that the store then copies (the b2b GEMMs' accumulator
+        and flash attention's o, every step): the same shape, batched alike, and the stored
+        buffer read by no operand of the products and no operation after the GEMM, which writes
+        where the store would, earlier. The GEMM's starting tile may share the cells: a block
+        reads its rows into the accumulators before it writes them, and panels are disjoint
+        columns."""
+        out = {}
+        for op in ops:
+            if op in self.sums:
+                mms = self.sums[op]
+            elif op in self.accumulates:
+                mms = [self.accumulates[op][0]]
+            elif op.op == "matmul":
+                mms = [op]
+            else:
+                continue
+            store = next(iter(self.readers[op])) if len(self.readers[op]) == 1 else None
+            if store is None or store.op != "store" or store.inputs[0] is not op or ctype(op.dtype) != "float" \
+                    or tuple(store.shape) != tuple(op.shape) or (store in self.batched) != (op in self.batched):
+                continue
+            operands = [a for mm in mms for a in mm.inputs if isinstance(a, OpNode)]
+            loads = [a for a in ops if a.op == "load" and any(pc.buffer is store.buffer for pc in a.pieces)]
+            after = set(ops[ops.index(op) + 1:])
+            if any(a in operands or self.readers[a] & after for a in loads):
+                continue  # the cells are read by a product, or by an operation the GEMM now comes before
+            out[op] = store
+        return out
+
+    def _store_ref(self, store) -> str:
+        return self.buffer_ref(store.buffer, [self._index(ix) for ix in store.index])
+
+    def _out_rows(self, op, Q: int):
+        """Where a GEMM inside or outside a batch's instance loop writes op's rows: its tile, or
+        the cells of the store it is forwarded to (their address declared here, once)."""
+        store = self.forward.get(op)
+        if store is None:
+            return Rows(self._ref(op), Q)
+        self.lines.append(cgen.Line(f"float* const d{op.id} = {self._store_ref(store)};"))
+        return Rows(f"d{op.id}", Q)
+
     def _accumulate(self, op):
         """op = x + a @ b, or scale * x + a @ b (self.accumulates): the GEMM's accumulators
         start from x's rows (times the scale's)."""
         mm, x, scale, _ = self.accumulates[op]
         (a, (P, K), _), b = self._left_operand(mm.inputs[0]), self._right(mm)
         self._decl(op)
-        o, xr, Q = self._ref(op), self._ref(x), op.shape[1]
+        Q = op.shape[1]
         sr = None if scale is None else self._operand(scale)[0]
-        self.lines += self._gemm(str(P), [(K, Rows(a, K), b)], Q, Rows(o, Q), "float", init_row=Rows(xr, Q),
+        out = self._out_rows(op, Q)
+        self.lines += self._gemm(str(P), [(K, Rows(a, K), b)], Q, out, "float", init_row=Rows(self._ref(x), Q),
                                  init_scale=sr)
 
     def _shared_right(self, mm) -> bool:
@@ -691,9 +736,21 @@ class StatementBody:
         terms = [(mm.inputs[0].shape[1], self._rows(mm.inputs[0]), self._right(mm)) for mm in mms]
         P, Q = op.shape
         rows = f"_nb*{P}" if op in self.batched else str(P)
-        return self._gemm(rows, terms, Q, Rows(f"v{op.id}", Q), ctype(op.dtype),
-                          init_row=None if init is None else self._rows(init),
-                          most=self.batch[1] * P if op in self.batched else P)
+        out, lines = Rows(f"v{op.id}", Q), []
+        if op in self.forward and op in self.batched:  # an instance's rows go to its store's cells
+            self._in_batch = True
+            dst = self._store_ref(self.forward[op])
+            self._in_batch = False
+            lines = [cgen.Line(f"float* d{op.id}[{self.batch[1]}];"),
+                     cgen.For("int _b = 0", "_b < _nb", "_b++", cgen.Statement(f"d{op.id}[_b] = {dst}"))]
+            out = lambda r: f"d{op.id}[({r}) / {P}] + (({r}) % {P})*{Q}"  # noqa: E731
+        elif op in self.forward:
+            outer, self.lines = self.lines, []
+            out = self._out_rows(op, Q)
+            lines, self.lines = self.lines, outer
+        return lines + self._gemm(rows, terms, Q, out, ctype(op.dtype),
+                                  init_row=None if init is None else self._rows(init),
+                                  most=self.batch[1] * P if op in self.batched else P)
 
     def _rows(self, a):
         """Row r of a matrix operand as a C pointer: of the whole batch's rows, instance after
@@ -894,9 +951,9 @@ class StatementBody:
 
     def _matmul(self, op, a, b, P, K, Q):
         """op = a @ b (P x K times K x Q); b is read through _right, which may point to a packed copy."""
-        o = self._ref(op)
         self._decl(op)
-        self.lines += self._gemm(str(P), [(K, Rows(a, K), self._right(op))], Q, Rows(o, Q), ctype(op.dtype))
+        out = self._out_rows(op, Q)
+        self.lines += self._gemm(str(P), [(K, Rows(a, K), self._right(op))], Q, out, ctype(op.dtype))
 
     def _op_transpose(self, op):
         """Swaps the last two axes; by blocks of 8 x 8 where they divide both (the compiler
@@ -1125,6 +1182,8 @@ class StatementBody:
         return aff_c(ix, self._dim, self.param, gather)
 
     def _op_store(self, op):
+        if op in self.forward.values():
+            return  # the GEMM wrote the cells
         x, s, _ = self._operand(op.inputs[0])
         dst = self.buffer_ref(op.buffer, [self._index(ix) for ix in op.index])
         n = max(1, math.prod(op.shape))

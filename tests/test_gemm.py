@@ -374,6 +374,45 @@ def test_a_tile_plus_a_shared_matmul_is_one_gemm_over_the_batch(kernel, Q):
         assert_same(prog(as_, b, c, accs), fn(as_, b, c, accs))
 
 
+def forwarded(source: str) -> int:
+    """How many GEMMs of the generated C write a store's cells (`d<id>`: their address)."""
+    return len(re.findall(r"float\* (?:const )?d\d+\b", source))
+
+
+def test_a_gemm_read_only_by_a_store_writes_the_stored_cells():
+    """A product (or tile plus product) whose only reader is a store is written where the store
+    would write it, with no tile copied after: over a batch's rows (one address an instance:
+    back-to-back GEMMs into a map's output, a reduce's state) and per instance (flash
+    attention's o, a scan's states). Not where something else reads the value, nor where the
+    product multiplies what the stored buffer holds."""
+    from polyft.workloads import b2b_gemm, flash_attention
+
+    def b2b_map(as_, b, c, accs):
+        return ft.map(lambda a, acc: acc + (a @ b) @ c, as_, accs)
+
+    def read_twice(as_, b, c, accs):
+        def f(a, acc):
+            y = acc + (a @ b) @ c
+            return y, ft.tanh(y)
+        return ft.map(f, as_, accs)
+
+    def scan(ps, v):
+        return ps.scanl(lambda o, p: o * 0.5 + p @ v, ft.zeros((3, 32)))
+
+    def feeds_back(ps, v):
+        return ps.scanl(lambda o, p: (o @ v) * 0.5 + p, ft.zeros((3, 32)))
+    as_, accs = flist([7], [5, 16], 1), flist([7], [5, 32], 2)
+    b, c = rand((16, 24), 3) / 4, rand((24, 32), 4) / 5
+    ps, v = flist([9], [3, 32], 5), rand((32, 32), 6) / 6
+    cases = [(b2b_map, (as_, b, c, accs), 1), (read_twice, (as_, b, c, accs), 0), (scan, (ps, v), 1),
+             (feeds_back, (ps, v), 0),
+             (b2b_gemm.program, b2b_gemm.inputs("small"), 1), (flash_attention.program, flash_attention.inputs("small"), 1)]
+    for fn, args, n in cases:
+        prog = ft.compile(fn, *args)
+        assert forwarded(prog.source) == n, fn.__name__
+        assert_same(prog(*args), fn(*args))
+
+
 @pytest.mark.parametrize("Q", [64, 40])
 def test_a_scaled_tile_plus_a_matmul_starts_from_the_scaled_rows(kernel, Q):
     """`a * o + p @ v` with a a column (one value a row; flash attention's alpha): the GEMM's
