@@ -67,8 +67,9 @@ ARTEFACTS = {
         "gemm.csv": "GFLOP/s of the generated C's matrix products (x @ W over a batch of rows, x @ W + h @ U as "
                     "one GEMM, an LSTM's four gates) on one core, built for every ISA level the machine runs "
                     "(SSE2, AVX2, AVX-512, native), and unpacked where the C target packs the shared matrices, "
-                    "beside torch's and numpy's sgemm on one thread (the gates concatenated, as nn.LSTM), each "
-                    "level's theoretical peak (clock x FP units x lanes x 2) and an FMA probe at its width."}),
+                    "beside torch's and numpy's sgemm on one thread (the gates concatenated, as nn.LSTM) and "
+                    "OpenBLAS at each lower level ($OPENBLAS_CORETYPE, in a child process), each level's "
+                    "theoretical peak (clock x FP units x lanes x 2) and an FMA probe at its width."}),
     "fig2": Artefact("polyft.experiments.fig2", "Figure 2", {
         "fig2.csv": "Time against stack depth of the stacked RNN and the stacked LSTM, every system "
                     "(GPU systems as absent rows where there is no GPU)."}),
