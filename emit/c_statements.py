@@ -635,7 +635,7 @@ class StatementBody:
         where the store would, earlier. The GEMM's starting tile may share the cells: a block
         reads its rows into the accumulators before it writes them, and panels are disjoint
         columns."""
-        out = {}
+        out, position = {}, {op: k for k, op in enumerate(ops)}
         for op in ops:
             if op in self.sums:
                 mms = self.sums[op]
@@ -651,8 +651,7 @@ class StatementBody:
                 continue
             operands = [a for mm in mms for a in mm.inputs if isinstance(a, OpNode)]
             loads = [a for a in ops if a.op == "load" and any(pc.buffer is store.buffer for pc in a.pieces)]
-            after = set(ops[ops.index(op) + 1:])
-            if any(a in operands or self.readers[a] & after for a in loads):
+            if any(a in operands or any(position[r] > position[op] for r in self.readers[a]) for a in loads):
                 continue  # the cells are read by a product, or by an operation the GEMM now comes before
             out[op] = store
         return out
@@ -660,14 +659,20 @@ class StatementBody:
     def _store_ref(self, store) -> str:
         return self.buffer_ref(store.buffer, [self._index(ix) for ix in store.index])
 
-    def _out_rows(self, op, Q: int):
-        """Where a GEMM inside or outside a batch's instance loop writes op's rows: its tile, or
-        the cells of the store it is forwarded to (their address declared here, once)."""
+    def _destination(self, op, Q: int, across: bool = False) -> tuple:
+        """(lines, rows): where a GEMM writes op's rows, and the lines declaring it: op's tile,
+        or the cells of the store it is forwarded to. `across`: the GEMM runs over every
+        instance's rows of a batch (inside `_batched`), one address an instance."""
         store = self.forward.get(op)
         if store is None:
-            return Rows(self._ref(op), Q)
-        self.lines.append(cgen.Line(f"float* const d{op.id} = {self._store_ref(store)};"))
-        return Rows(f"d{op.id}", Q)
+            return [], Rows(f"v{op.id}" if across else self._ref(op), Q)
+        dst = self._store_ref(store)
+        if not across:
+            return [cgen.Line(f"float* const d{op.id} = {dst};")], Rows(f"d{op.id}", Q)
+        P = op.shape[0]
+        return ([cgen.Line(f"float* d{op.id}[{self.batch[1]}];"),
+                 cgen.For("int _b = 0", "_b < _nb", "_b++", cgen.Statement(f"d{op.id}[_b] = {dst}"))],
+                lambda r: f"d{op.id}[({r}) / {P}] + (({r}) % {P})*{Q}")
 
     def _accumulate(self, op):
         """op = x + a @ b, or scale * x + a @ b (self.accumulates): the GEMM's accumulators
@@ -677,9 +682,9 @@ class StatementBody:
         self._decl(op)
         Q = op.shape[1]
         sr = None if scale is None else self._operand(scale)[0]
-        out = self._out_rows(op, Q)
-        self.lines += self._gemm(str(P), [(K, Rows(a, K), b)], Q, out, "float", init_row=Rows(self._ref(x), Q),
-                                 init_scale=sr)
+        lines, out = self._destination(op, Q)
+        self.lines += lines + self._gemm(str(P), [(K, Rows(a, K), b)], Q, out, "float",
+                                         init_row=Rows(self._ref(x), Q), init_scale=sr)
 
     def _shared_right(self, mm) -> bool:
         return not (isinstance(mm.inputs[1], OpNode) and mm.inputs[1] in self.batched)
@@ -736,18 +741,7 @@ class StatementBody:
         terms = [(mm.inputs[0].shape[1], self._rows(mm.inputs[0]), self._right(mm)) for mm in mms]
         P, Q = op.shape
         rows = f"_nb*{P}" if op in self.batched else str(P)
-        out, lines = Rows(f"v{op.id}", Q), []
-        if op in self.forward and op in self.batched:  # an instance's rows go to its store's cells
-            self._in_batch = True
-            dst = self._store_ref(self.forward[op])
-            self._in_batch = False
-            lines = [cgen.Line(f"float* d{op.id}[{self.batch[1]}];"),
-                     cgen.For("int _b = 0", "_b < _nb", "_b++", cgen.Statement(f"d{op.id}[_b] = {dst}"))]
-            out = lambda r: f"d{op.id}[({r}) / {P}] + (({r}) % {P})*{Q}"  # noqa: E731
-        elif op in self.forward:
-            outer, self.lines = self.lines, []
-            out = self._out_rows(op, Q)
-            lines, self.lines = self.lines, outer
+        lines, out = self._destination(op, Q, across=op in self.batched)
         return lines + self._gemm(rows, terms, Q, out, ctype(op.dtype),
                                   init_row=None if init is None else self._rows(init),
                                   most=self.batch[1] * P if op in self.batched else P)
@@ -952,8 +946,8 @@ class StatementBody:
     def _matmul(self, op, a, b, P, K, Q):
         """op = a @ b (P x K times K x Q); b is read through _right, which may point to a packed copy."""
         self._decl(op)
-        out = self._out_rows(op, Q)
-        self.lines += self._gemm(str(P), [(K, Rows(a, K), self._right(op))], Q, out, ctype(op.dtype))
+        lines, out = self._destination(op, Q)
+        self.lines += lines + self._gemm(str(P), [(K, Rows(a, K), self._right(op))], Q, out, ctype(op.dtype))
 
     def _op_transpose(self, op):
         """Swaps the last two axes; by blocks of 8 x 8 where they divide both (the compiler

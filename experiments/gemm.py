@@ -241,10 +241,21 @@ class LevelBlas:
 
 def level_blases(levels, points: list, repeats: int) -> dict:
     """level -> LevelBlas for the levels below the CPU's own that LEVEL_BLAS names, where
-    numpy's BLAS is OpenBLAS (built for many cores, as numpy's wheels are)."""
-    if not blas_name().startswith("openblas"):
+    numpy's BLAS is OpenBLAS built for many cores (as numpy's wheels are): a child that names
+    the parent's kernels and not the core asked for did not take $OPENBLAS_CORETYPE (an
+    OpenBLAS built for one core), and its level has no BLAS row."""
+    native = blas_name()
+    if not native.startswith("openblas"):
         return {}
-    return {level: LevelBlas(level, points, repeats) for level in levels if level in LEVEL_BLAS}
+    out = {}
+    for level in levels:
+        if level in LEVEL_BLAS:
+            blas = LevelBlas(level, points, repeats)
+            if blas.name == native and LEVEL_BLAS[level] not in native:
+                blas.close()
+            else:
+                out[level] = blas
+    return out
 
 
 def run(preset: str = "quick", out_dir: str = "results", resume: bool = False) -> pd.DataFrame:
@@ -264,9 +275,9 @@ def _run(preset: str, out_dir: str, resume: bool) -> pd.DataFrame:
         spec = isa.isa(isa.features(level))
         levels[level] = (spec, theoretical_gflops(spec, ghz, units), fma_probe(level))
     target = TARGETS["c"][0]
-    points = [(shape, program) for shape in SHAPES[preset] for program in _programs()]
-    index = [[list(shape), [q[0] for q in _programs()].index(prog[0])] for shape, prog in points]
-    blases = level_blases(levels, index, repeats)
+    programs = _programs()
+    points = [(shape, program) for shape in SHAPES[preset] for program in programs]
+    blases = level_blases(levels, [[list(shape), k] for shape in SHAPES[preset] for k in range(len(programs))], repeats)
 
     def point(p) -> list:
         (M, P, H), (name, fn, make, ref, products, torch_fn, numpy_fn) = p

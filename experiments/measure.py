@@ -165,7 +165,8 @@ def systems(workload: str, by_hand: bool = False) -> list:
     """Every system of `workload`, CPU first, GPU ones absent (with the reason) where they
     cannot run here; with `by_hand`, also the workload's schedule by hand where it has one."""
     gpu = gpu_available()
-    out = [System(EAGER, "cpu", _eager, note="the program run eagerly on numpy (the reference; its BLAS on one thread while timed)"),
+    out = [System(EAGER, "cpu", _eager,
+                  note="the program run eagerly on numpy (the reference; its BLAS on one thread while timed)"),
            System("c-original", "cpu", _polyft("c", "original"), note="generated C, the nest as written"),
            System("c-auto", "cpu", _polyft("c", "auto"), note="generated C, coarsened and reordered (§5)"),
            System("c-auto-1thread", "cpu", _polyft("c", "auto", threads=1),

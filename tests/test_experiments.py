@@ -376,3 +376,24 @@ def test_time_calls_runs_numpys_blas_on_one_thread_and_restores_it():
         measure.time_calls([(lambda: seen.append(blas_threads()), "cpu")], repeats=3, warmup=1)
         assert blas_threads() == before
     assert seen and all(threads == [1] * len(before) for threads in seen), seen
+
+
+def test_a_level_whose_openblas_ignored_the_core_type_has_no_blas_row(monkeypatch):
+    """An OpenBLAS built for one core ignores $OPENBLAS_CORETYPE: a child that names the
+    parent's kernels, not the core asked for, gives its level no row; one that names the core
+    asked for (or other kernels) does."""
+    from polyft.experiments import gemm
+    closed = []
+
+    class Fake:
+        def __init__(self, level, points, repeats):
+            self.name = "openblas Zen" if level == "haswell" else f"openblas {gemm.LEVEL_BLAS[level]}"
+
+        def close(self):
+            closed.append(self.name)
+    monkeypatch.setattr(gemm, "blas_name", lambda: "openblas Zen")
+    monkeypatch.setattr(gemm, "LevelBlas", Fake)
+    kept = gemm.level_blases(["x86-64", "haswell", "skylake-avx512", "native"], [], 1)
+    assert sorted(kept) == ["skylake-avx512", "x86-64"] and closed == ["openblas Zen"]
+    monkeypatch.setattr(gemm, "blas_name", lambda: "mkl")
+    assert gemm.level_blases(["x86-64"], [], 1) == {}
