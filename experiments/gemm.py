@@ -46,8 +46,11 @@ from .peak import clock_ghz, fp_units, theoretical_gflops
 from .reproduce import main
 
 REPEATS = {"quick": 21, "paper": 51}
-ROUNDS = 3  # the systems of a point are timed round-robin, each keeping its best round: a shared
-#             VM's slow spells last seconds, and systems timed one after the other met different ones
+ROUNDS = 7  # the systems of a point are timed round-robin, each keeping its best round: a shared
+#             VM's slow spells (a busy neighbour on the core's other hardware thread) last seconds,
+#             systems timed one after the other met different ones, and with 3 rounds a whole point
+#             could fall in one: SSE2's code and OpenBLAS-Prescott (more instructions a flop, so
+#             the more a shared front end slows them) then ran at 26 of their quiet 43 GFLOP/s
 # OpenBLAS cores whose kernels a level's instructions run (the x86-64 level's SSE2 has no core
 # of its own: Prescott's kernels add SSE3's loads and moves, no wider vectors, no FMA)
 LEVEL_BLAS = {"x86-64": "Prescott", "haswell": "Haswell", "skylake-avx512": "SkylakeX"}
