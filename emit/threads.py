@@ -10,7 +10,10 @@ So each compiled program times its calls (`ThreadChoice`): the first call at a s
 warms up (pages, scratch) on every core and is not counted; the next calls try each candidate
 (one thread, every core), then run the faster one, probing the other after 2 calls, then 4, 8,
 ... up to MAX_INTERVAL while it keeps losing (back to 2 when it wins), so a change of load is
-found again. The candidates' times are the median of their last KEEP calls; a probe's time
+found again; and at the latest once the calls since the last probe took PROBE_SHARE times the
+other count's time, so a probe costs at most 1/PROBE_SHARE of the time and a count chosen in a
+busy spell does not outlast it by hundreds of calls (a 9 ms LSTM on a shared VM ran on one
+thread for seconds after the spell: 256 calls). The candidates' times are the median of their last KEEP calls; a probe's time
 replaces the probed candidate's. Results do not depend on the choice: threads split loops whose
 iterations write disjoint elements, each computed the same way.
 
@@ -51,6 +54,7 @@ from polyft.errors import SettingError
 SPIN_COUNT = 2000
 FIRST_INTERVAL = 2
 MAX_INTERVAL = 256
+PROBE_SHARE = 20
 KEEP = 3
 
 
@@ -144,6 +148,7 @@ class _Lengths:
         self.calls = 0
         self.interval = FIRST_INTERVAL
         self.probe_at = 0
+        self.since = 0.0  # time of the calls since the last probe
 
 
 class ThreadChoice:
@@ -192,8 +197,9 @@ class ThreadChoice:
         if untried:
             return untried[0]
         best = self.best(key)
-        if s.calls >= s.probe_at:
-            return next(n for n in self.options if n != best)
+        other = next(n for n in self.options if n != best)
+        if s.calls >= s.probe_at or s.since >= PROBE_SHARE * s.times[other][-1]:
+            return other
         return best
 
     def best(self, key) -> int | None:
@@ -211,10 +217,12 @@ class ThreadChoice:
         before = self.best(key)
         if before is not None and n != before:  # a probe: its time alone stands for it
             s.times[n] = [seconds]
+            s.since = 0.0
             won = self.best(key) == n
             s.interval = FIRST_INTERVAL if won else min(2 * s.interval, MAX_INTERVAL)
             s.probe_at = s.calls + s.interval
             return
         s.times[n] = (s.times[n] + [seconds])[-KEEP:]
+        s.since += seconds
         if before is None and self.best(key) is not None:
             s.probe_at = s.calls + s.interval

@@ -77,7 +77,7 @@ def probes(counts, slow) -> list:
 
 
 def test_it_keeps_the_faster_count_and_probes_the_other_ever_more_rarely():
-    clock, choice = started({1: 1, 4: 6}, most=4)
+    clock, choice = started({1: 1, 4: 600}, most=4)
     runs(choice, clock, 60)
     assert clock.counts[:3] == [4, 1, 4]  # warm-up on every core, then each count once
     assert probes(clock.counts, 4) == [5, 10, 19, 36]  # after 2 calls, then 4, 8, 16 between
@@ -85,6 +85,31 @@ def test_it_keeps_the_faster_count_and_probes_the_other_ever_more_rarely():
     runs(choice, clock, 3000)
     gaps = np.diff(probes(clock.counts, 4))
     assert gaps.max() == T.MAX_INTERVAL + 1 and list(gaps[-3:]) == [T.MAX_INTERVAL + 1] * 3  # and no further apart
+
+
+def test_a_probe_costs_at_most_a_share_of_the_time():
+    """Where the other count is not far slower, the probes come once the calls since the last
+    took PROBE_SHARE times the other's time: 20 x 6 ms of 1 ms calls, not 256 calls."""
+    clock, choice = started({1: 1, 4: 6}, most=4)
+    runs(choice, clock, 3000)
+    gaps = np.diff(probes(clock.counts, 4))
+    assert list(gaps[:5]) == [5, 9, 17, 33, 65]  # the intervals double ...
+    assert set(gaps[5:]) == {T.PROBE_SHARE * 6 + 1}  # ... until the time rule comes first
+
+
+def test_the_end_of_a_long_load_is_found_within_a_share_of_the_time():
+    """A busy spell long enough for the probes to grow 256 calls apart, then the spell ends:
+    every core is probed again once the calls since the last probe took PROBE_SHARE times its
+    time (20 x 24 ms, 60 calls of 8 ms), not up to 256 calls (2 s) later."""
+    clock, choice = started({1: 9, 2: 24}, most=2)
+    runs(choice, clock, 2000)
+    while clock.counts[-1] != 2:  # up to a probe of every core, which loses
+        runs(choice, clock, 1)
+    assert choice.best(()) == 1
+    clock.cost = {1: 8, 2: 4}  # the other process is done
+    after = runs(choice, clock, 100)
+    assert 2 in after and after.index(2) <= 20 * 24 // 8 == T.PROBE_SHARE * 24 // 8 and choice.best(()) == 2
+    assert after[-30:].count(2) >= 25  # every core from then on, but for probes of one thread
 
 
 def test_a_change_of_load_is_found_again():
