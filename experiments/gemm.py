@@ -59,12 +59,17 @@ SHAPES = {"quick": [(256, 1, 256), (16, 64, 256), (256, 1, 1024)],
 
 FMA_PROBE = """typedef float vec __attribute__((vector_size(4 * LANES)));
 double probe(long n, float x)
-{  /* CHAINS independent chains of vector multiply-adds: the latency hidden, the issue rate measured */
+{  /* CHAINS independent chains, the latency hidden, the issue rate measured: of vector
+      multiply-adds, or with SPLIT (no FMA) half of multiplies and half of adds */
   vec a[CHAINS];
   for (int i = 0; i < CHAINS; i++) a[i] = (vec){0} + x * (i + 1);
   const vec m = (vec){0} + 0.999999f, b = (vec){0} + 1e-7f;
   for (long k = 0; k < n; k++)
+#ifdef SPLIT
+    for (int i = 0; i < CHAINS; i += 2) { a[i] = a[i] * m; a[i + 1] = a[i + 1] + b; }
+#else
     for (int i = 0; i < CHAINS; i++) a[i] = a[i] * m + b;
+#endif
   double s = 0;
   for (int i = 0; i < CHAINS; i++) for (int j = 0; j < LANES; j++) s += a[i][j];
   return s;
@@ -72,7 +77,8 @@ double probe(long n, float x)
 """
 
 
-PROBE_CHAINS = 12  # 12 vectors + 2 constants: within SSE2's 16 registers
+PROBE_CHAINS = 12  # at least this many multiply-add chains
+SPLIT_CHAINS = 14  # 7 multiply and 7 add chains + 2 constants: SSE2's 16 registers
 
 
 def _best(fn, repeats: int) -> float:
@@ -87,19 +93,24 @@ def _best(fn, repeats: int) -> float:
 
 
 def fma_probe(level: str, repeats: int = 7) -> float:
-    """GFLOP/s of one core issuing independent vector multiply-adds at `level`'s width, as many
-    chains as its GEMM micro-kernel has accumulators (they fit its registers), and at least
-    PROBE_CHAINS: without FMA a chain's step is a multiply and then an add, two latencies to
-    hide (8 chains of SSE2 issued at 63% of a Zen 4 core's two multiplies and two adds a cycle)."""
+    """GFLOP/s of one core issuing independent vector operations at `level`'s width. With FMA:
+    multiply-add chains, as many as its GEMM micro-kernel has accumulators (they fit its
+    registers) and at least PROBE_CHAINS. Without FMA: SPLIT_CHAINS chains, half of multiplies
+    and half of adds, as a GEMM without FMA issues a product's multiply and add, each into its
+    own chain; chains of a multiply then an add had two latencies to hide, and 12 of them
+    measured 49-78% of a Zen 4 core's two multiplies and two adds a cycle in runs where the
+    SSE2 GEMM itself reached 75-79%."""
     spec = isa.isa(isa.features(level))
-    chains = max(spec.kernel[0] * spec.kernel[1], PROBE_CHAINS)
+    chains = max(spec.kernel[0] * spec.kernel[1], PROBE_CHAINS) if spec.fma else SPLIT_CHAINS
     flags = [f for f in runtime_c.compile_flags(level) if f != "-fopenmp"]
     if "__AVX__" in isa.features(level):  # GCC may split a vector wider than its tuning prefers
         flags.append(f"-mprefer-vector-width={32 * spec.lanes}")
-    lib = ctypes.CDLL(runtime_c.build(FMA_PROBE, flags + [f"-DLANES={spec.lanes}", f"-DCHAINS={chains}"]))
+    flags += [f"-DLANES={spec.lanes}", f"-DCHAINS={chains}"] + ([] if spec.fma else ["-DSPLIT"])
+    lib = ctypes.CDLL(runtime_c.build(FMA_PROBE, flags))
     lib.probe.restype, lib.probe.argtypes = ctypes.c_double, [ctypes.c_long, ctypes.c_float]
     n = 2_000_000
-    return chains * spec.lanes * 2 * n / _best(lambda: lib.probe(n, 1.0), repeats) / 1e9
+    flops = chains * spec.lanes * (2 if spec.fma else 1) * n  # a multiply-add 2 flops a lane, else 1
+    return flops / _best(lambda: lib.probe(n, 1.0), repeats) / 1e9
 
 
 def _programs():

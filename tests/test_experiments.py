@@ -397,3 +397,18 @@ def test_a_level_whose_openblas_ignored_the_core_type_has_no_blas_row(monkeypatc
     assert sorted(kept) == ["skylake-avx512", "x86-64"] and closed == ["openblas Zen"]
     monkeypatch.setattr(gemm, "blas_name", lambda: "mkl")
     assert gemm.level_blases(["x86-64"], [], 1) == {}
+
+
+def test_the_probe_of_every_level_stays_under_its_theoretical_peak():
+    """The gemm experiment's probe counts a multiply-add as 2 flops a lane and, without FMA, a
+    multiply or an add as 1 (its SPLIT chains): at most the level's theoretical peak, with a
+    margin for the clock probe's error. Counting SSE2's split chains as multiply-adds would
+    read about 1.6x that peak (they issue at ~80% of it on a Zen 4 core)."""
+    from polyft.emit import isa
+    from polyft.experiments import gemm, peak
+    ghz = peak.clock_ghz()
+    for level in isa.runnable_levels():
+        with isa.building_for(level):
+            top = peak.theoretical_gflops(isa.current(), ghz)
+        rate = gemm.fma_probe(level, repeats=3)
+        assert 0 < rate < 1.1 * top, (level, rate, top)
