@@ -13,9 +13,9 @@ warms up (pages, scratch) on every core and is not counted; the next calls try e
 found again; and at the latest once the calls since the last probe took PROBE_SHARE times the
 other count's time, so a probe costs at most 1/PROBE_SHARE of the time and a count chosen in a
 busy spell does not outlast it by hundreds of calls (a 9 ms LSTM on a shared VM ran on one
-thread for seconds after the spell: 256 calls). The candidates' times are the median of their last KEEP calls; a probe's time
-replaces the probed candidate's. Results do not depend on the choice: threads split loops whose
-iterations write disjoint elements, each computed the same way.
+thread for seconds after the spell: 256 calls). The candidates' times are the median of their
+last KEEP calls; a probe's time replaces the probed candidate's. Results do not depend on the
+choice: threads split loops whose iterations write disjoint elements, each computed the same way.
 
 $POLYFT_THREADS fixes the count (nothing is measured); without it $OMP_NUM_THREADS does (its first
 entry, as OpenMP reads it), so `OMP_NUM_THREADS=1` means one thread; both must be positive integers

@@ -403,7 +403,7 @@ def test_the_probe_of_every_level_stays_under_its_theoretical_peak():
     """The gemm experiment's probe counts a multiply-add as 2 flops a lane and, without FMA, a
     multiply or an add as 1 (its SPLIT chains): at most the level's theoretical peak, with a
     margin for the clock probe's error. Counting SSE2's split chains as multiply-adds would
-    read about 1.6x that peak (they issue at ~80% of it on a Zen 4 core)."""
+    read about 1.8x that peak (they issue at ~90% of it on a Zen 4 core)."""
     from polyft.emit import isa
     from polyft.experiments import gemm, peak
     ghz = peak.clock_ghz()
