@@ -11,8 +11,8 @@ columns). Results are checked against numpy before timing.
 
 Three references for each level, none sharing the generated code (experiments/peak.py):
 `peak_gflops`, the theoretical peak (clock from a dependent-add chain x FP units x lanes x 2);
-`probe_gflops`, independent vector multiply-add chains at the level's width (what the core
-issues); and the BLAS rows. Besides torch and numpy at the CPU's own ISA, OpenBLAS runs at
+`probe_gflops`, independent vector multiply-add chains at the level's width, or without FMA
+chains of multiplies and chains of adds (what the core issues); and the BLAS rows. Besides torch and numpy at the CPU's own ISA, OpenBLAS runs at
 each lower level (`openblas-<core>` rows: numpy in a child process with $OPENBLAS_CORETYPE set
 to a core of that ISA, LEVEL_BLAS), so a level's code meets a BLAS that has no more than its
 instructions. `of_peak` is gflops over the level's theoretical peak, `vs_blas` over the

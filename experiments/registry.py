@@ -69,7 +69,8 @@ ARTEFACTS = {
                     "(SSE2, AVX2, AVX-512, native), and unpacked where the C target packs the shared matrices, "
                     "beside torch's and numpy's sgemm on one thread (the gates concatenated, as nn.LSTM) and "
                     "OpenBLAS at each lower level ($OPENBLAS_CORETYPE, in a child process), each level's "
-                    "theoretical peak (clock x FP units x lanes x 2) and an FMA probe at its width."}),
+                    "theoretical peak (clock x FP units x lanes x 2) and a probe of independent vector "
+                    "operations at its width (multiply-adds, or multiplies and adds apart without FMA)."}),
     "fig2": Artefact("polyft.experiments.fig2", "Figure 2", {
         "fig2.csv": "Time against stack depth of the stacked RNN and the stacked LSTM, every system "
                     "(GPU systems as absent rows where there is no GPU)."}),
