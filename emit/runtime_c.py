@@ -260,15 +260,20 @@ def load(source: str, flags=None, cc=None) -> tuple[str, ctypes.CDLL]:
 class CtypesRuntime(Runtime):
     """The C target's module compiled into a shared object, its `polyft_run(void** bufs,
     const long* params)` called through ctypes on the arrays where they are, each call on the
-    OpenMP thread count `threads` (emit/threads.py) measures as fastest for its lengths."""
+    OpenMP thread count `threads` (emit/threads.py) measures as fastest for its lengths.
+    `threads`: another module's ThreadChoice to share (one pin and one `last` for the programs of
+    a schedule choice, each measured apart: its key holds the shared object's path)."""
 
-    def __init__(self, module, flags=None):
+    def __init__(self, module, flags=None, threads=None):
         super().__init__(module)
         self.flags = list(compile_flags(module.march) if flags is None else flags)
         self.path, self._lib = load(module.source, self.flags)
         self._fn = self._lib.polyft_run
         self._fn.restype = ctypes.c_int
         self._fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_long)]
+        if threads is not None:
+            self.threads = threads
+            return
         try:  # the OpenMP runtime the object links (libgomp, libomp): found through it
             set_threads = self._lib.omp_set_num_threads
             set_threads.argtypes = [ctypes.c_int]
@@ -279,8 +284,9 @@ class CtypesRuntime(Runtime):
     def bind(self, arrays: list, values: dict) -> tuple:
         for a in arrays:
             assert a.flags.c_contiguous  # the caller allocates every buffer contiguously
-        key = tuple(int(values[p]) for p in self.module.params)
-        params = (ctypes.c_long * max(1, len(key)))(*key)
+        lengths = [int(values[p]) for p in self.module.params]
+        key = (self.path, *lengths)
+        params = (ctypes.c_long * max(1, len(lengths)))(*lengths)
         pointers = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
 
         def run(arrays=arrays):  # holds the arrays whose addresses `pointers` has

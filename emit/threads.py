@@ -6,16 +6,11 @@ thread is faster: a thread preempted inside a wavefront step makes every other t
 the step's barrier for a scheduler time slice (milliseconds). At the quick shapes on a 2-core
 machine with one core busy, every core was up to 4.3x slower than one thread (b2b GEMM).
 
-So each compiled program times its calls (`ThreadChoice`): the first call at a set of lengths
-warms up (pages, scratch) on every core and is not counted; the next calls try each candidate
-(one thread, every core), then run the faster one, probing the other after 2 calls, then 4, 8,
-... up to MAX_INTERVAL while it keeps losing (back to 2 when it wins), so a change of load is
-found again; and at the latest once the calls since the last probe took PROBE_SHARE times the
-other count's time, so a probe costs at most 1/PROBE_SHARE of the time and a count chosen in a
-busy spell does not outlast it by hundreds of calls (a 9 ms LSTM on a shared VM ran on one
-thread for seconds after the spell: 256 calls). The candidates' times are the median of their
-last KEEP calls; a probe's time replaces the probed candidate's. Results do not depend on the
-choice: threads split loops whose iterations write disjoint elements, each computed the same way.
+So each compiled program measures it (`ThreadChoice`, a emit.measured.MeasuredChoice between
+one thread and every core, per set of lengths): the first call at a set of lengths warms up on
+every core, then each count is tried, then the faster runs and the other is probed ever more
+rarely while it loses. Results do not depend on the choice: threads split loops whose iterations
+write disjoint elements, each computed the same way.
 
 $POLYFT_THREADS fixes the count (nothing is measured); without it $OMP_NUM_THREADS does (its first
 entry, as OpenMP reads it), so `OMP_NUM_THREADS=1` means one thread; both must be positive integers
@@ -44,18 +39,15 @@ import contextlib
 import numbers
 import os
 import re
-import statistics
 import threading
 import time
 import warnings
 
 from polyft.errors import SettingError
 
+from .measured import MeasuredChoice
+
 SPIN_COUNT = 2000
-FIRST_INTERVAL = 2
-MAX_INTERVAL = 256
-PROBE_SHARE = 20
-KEEP = 3
 
 
 def cores() -> int:
@@ -140,17 +132,6 @@ def usable(n: int) -> int:
     return n
 
 
-class _Lengths:
-    """What has been measured at one set of lengths."""
-
-    def __init__(self, options):
-        self.times = {n: [] for n in options}
-        self.calls = 0
-        self.interval = FIRST_INTERVAL
-        self.probe_at = 0
-        self.since = 0.0  # time of the calls since the last probe
-
-
 class ThreadChoice:
     """The thread count of each call of one compiled program (module docstring). `set_threads(n)`
     makes the calling thread's next OpenMP regions run on n threads; `clock()` reads a clock, in any
@@ -158,12 +139,15 @@ class ThreadChoice:
 
     def __init__(self, set_threads, most: int | None = None, clock=time.perf_counter):
         self.set_threads = set_threads
-        self.clock = clock
         self.fixed = setting()
         most = most or cores()
         self.options = [1, most] if most > 1 else [1]
-        self._seen = {}
+        self._choice = MeasuredChoice(self.options, first=self.options[-1], clock=clock)
         self.last = None  # the count of the latest call
+
+    @property
+    def clock(self):
+        return self._choice.clock
 
     @property
     def fixed(self) -> int | None:
@@ -179,50 +163,16 @@ class ThreadChoice:
 
     def run(self, key, call):
         """`call()` on the count chosen for the lengths `key`; its time is recorded."""
-        want = self.fixed or self._pick(key)
+        want = self.fixed or self._choice.pick(key)
         n = usable(want)
         self.set_threads(n)
         self.last = n
         t0 = self.clock()
         out = call()
         if self.fixed is None and n == want:
-            self._record(key, n, self.clock() - t0)
+            self._choice.record(key, n, self.clock() - t0)
         return out
-
-    def _pick(self, key) -> int:
-        s = self._seen.setdefault(key, _Lengths(self.options))
-        if s.calls == 0 or len(self.options) == 1:
-            return self.options[-1]
-        untried = [n for n in self.options if not s.times[n]]
-        if untried:
-            return untried[0]
-        best = self.best(key)
-        other = next(n for n in self.options if n != best)
-        if s.calls >= s.probe_at or s.since >= PROBE_SHARE * s.times[other][-1]:
-            return other
-        return best
 
     def best(self, key) -> int | None:
         """The count with the lowest median time at `key`, None before both are measured."""
-        s = self._seen.get(key)
-        if s is None or not all(s.times.values()):
-            return None
-        return min(self.options, key=lambda n: statistics.median(s.times[n]))
-
-    def _record(self, key, n, seconds):
-        s = self._seen[key]
-        s.calls += 1
-        if s.calls == 1:  # the warm-up call
-            return
-        before = self.best(key)
-        if before is not None and n != before:  # a probe: its time alone stands for it
-            s.times[n] = [seconds]
-            s.since = 0.0
-            won = self.best(key) == n
-            s.interval = FIRST_INTERVAL if won else min(2 * s.interval, MAX_INTERVAL)
-            s.probe_at = s.calls + s.interval
-            return
-        s.times[n] = (s.times[n] + [seconds])[-KEEP:]
-        s.since += seconds
-        if before is None and self.best(key) is not None:
-            s.probe_at = s.calls + s.interval
+        return self._choice.best(key)

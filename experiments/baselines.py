@@ -32,6 +32,7 @@ class Baseline(NamedTuple):
     run: Callable  # the timed call; data already on the device
     result: Callable  # run() as numpy, laid out as expected(eager result)
     expected: Callable = lambda eager: eager  # the part of the eager result it computes
+    columns: Callable = dict  # extra columns of its row, once timed (the schedule the generated C ran)
 
 
 def _on(device, *arrays):

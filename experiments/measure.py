@@ -18,8 +18,10 @@ For one point (workload, sizes) every system of the workload gets one tidy row:
   EAGER_LIMIT is "skipped: ...".
 
 Systems: on the CPU `numpy-eager`, `c-original` and `c-auto` (generated C, ft.compile with
-schedule "original" / "auto", OpenMP, at the default threads), `c-auto-1thread` (the same
-object pinned to one thread: what the threads add), the torch baselines of
+schedule "original" / "auto", OpenMP, at the default threads; c-auto also times the original
+order of its coarsened statements and runs the faster: `schedule` says which ran most),
+`c-auto-1thread` (the same object pinned to one thread: what the threads add), with `by_hand`
+`c-wavefront` (the auto schedule alone) and `c-tiled-wavefront`, the torch baselines of
 experiments/baselines.py and `jax-jit`, the JAX baseline of experiments/baselines_jax.py
 (absent: "not installed (jax)" where JAX, the optional `bench` extra, cannot be imported).
 CPU threads: torch's $POLYFT_THREADS, else every core (`threads` column; JAX: XLA's pool, every
@@ -32,6 +34,7 @@ kernels here: always absent). GPU times are wall times between device synchronis
 """
 from __future__ import annotations
 
+import collections
 import importlib.util
 import os
 import statistics
@@ -55,7 +58,7 @@ EAGER = "numpy-eager"
 EAGER_LIMIT = 20_000  # product of the workload's lengths above which eager numpy is skipped
 CPU_TOL, GPU_TOL = 1e-4, 2e-3
 REPEATS = {"quick": 5, "paper": 10}
-WARMUP = 4  # the generated C's thread choice tries each count in its first calls (emit/threads.py)
+WARMUP = 8  # the generated C's schedule and thread choices try each option in its first calls (emit/measured.py)
 
 # workload -> torch baselines: (system name, function in baselines, what it is)
 TORCH = {
@@ -116,21 +119,31 @@ def _why_absent(gpu: bool, modules=(), missing_impl: str = "") -> str:
 _COMPILED: dict = {}
 
 
-def _polyft(target: str, schedule: str, threads: int | None = None, coarsen: bool = False):
+def _polyft(target: str, schedule: str, threads: int | None = None, coarsen: bool = False, alternative=None):
     """Generated code: compiled once per (workload, static shape) from the specs, so one
     shared object serves every length of a sweep; bound to the point's inputs for timing.
     `threads` pins the C target's thread count for this system's calls (else its default);
-    `coarsen` as ft.compile's (for a schedule by hand)."""
+    `coarsen` and `alternative` as ft.compile's (for a schedule by hand; the auto schedule alone).
+    Its row's `schedule` column: the schedule most of its calls ran (polyft/schedule_choice.py)."""
     def build(inputs, workload=None, sizes=None):
         mod = get(workload)
         specs = mod.specs("small", **sizes)
-        key = (workload, target, schedule, tuple(str(s) for s in specs))
+        key = (workload, target, schedule, alternative, tuple(str(s) for s in specs))
         if key not in _COMPILED:
-            _COMPILED[key] = ft.compile(mod.program, *specs, target=target, schedule=schedule, coarsen=coarsen)
+            _COMPILED[key] = ft.compile(mod.program, *specs, target=target, schedule=schedule, coarsen=coarsen,
+                                        alternative=alternative)
         prog = _COMPILED[key]
-        go, _ = prog.bind(*inputs)
+        bound, _ = prog.bind(*inputs)
+        ran = collections.Counter()
+
+        def go():
+            bound()
+            ran[prog.schedule_choice.last if prog.schedule_choice else prog.schedule.kind] += 1
+
+        def columns():
+            return dict(schedule=ran.most_common(1)[0][0] if ran else "")
         if threads is None:
-            return baselines.Baseline(go, lambda: prog(*inputs))
+            return baselines.Baseline(go, lambda: prog(*inputs), columns=columns)
 
         def pinned(fn):
             def call():
@@ -140,7 +153,7 @@ def _polyft(target: str, schedule: str, threads: int | None = None, coarsen: boo
                 finally:
                     prog.threads.fixed = default
             return call
-        return baselines.Baseline(pinned(go), pinned(lambda: prog(*inputs)))
+        return baselines.Baseline(pinned(go), pinned(lambda: prog(*inputs)), columns=columns)
     return build
 
 
@@ -168,9 +181,15 @@ def systems(workload: str, by_hand: bool = False) -> list:
     out = [System(EAGER, "cpu", _eager,
                   note="the program run eagerly on numpy (the reference; its BLAS on one thread while timed)"),
            System("c-original", "cpu", _polyft("c", "original"), note="generated C, the nest as written"),
-           System("c-auto", "cpu", _polyft("c", "auto"), note="generated C, coarsened and reordered (§5)"),
+           System("c-auto", "cpu", _polyft("c", "auto"),
+                  note="generated C, coarsened and reordered (§5); where that differs from the original order, "
+                       "each call runs the one of the two measured faster (schedule column: which ran most)"),
            System("c-auto-1thread", "cpu", _polyft("c", "auto", threads=1),
-                  note="generated C, coarsened and reordered, pinned to one thread", threads=1)]
+                  note="c-auto pinned to one thread", threads=1)]
+    if by_hand:
+        out.append(System("c-wavefront", "cpu", _polyft("c", "auto", alternative=False),
+                          note="generated C, the auto schedule alone (alternative=False): the wavefront "
+                               "where it reorders, never the original order"))
     if by_hand and hasattr(get(workload), "tiled_wavefront"):
         out.append(System("c-tiled-wavefront", "cpu", _polyft("c", get(workload).tiled_wavefront(), coarsen=True),
                           note="generated C, a schedule by hand: each layer's steps in tiles of 4, the tiles "
@@ -300,7 +319,7 @@ def measure(workload: str, sizes: dict, preset: str = "quick", repeats: int | No
     load, threads = os.getloadavg()[0], set_threads()
     rows, timed = [], []  # timed: (row, built system, device) of those that passed their check
     for system in systems(workload, by_hand):
-        row = dict(common, system=system.name, device=device_name(system.device), status="ok",
+        row = dict(common, system=system.name, device=device_name(system.device), status="ok", schedule="",
                    seconds=float("nan"), seconds_min=float("nan"), seconds_max=float("nan"), repeats=0,
                    warmup=0, rel_error=float("nan"), checked_against="",
                    threads=system.threads or threads,
@@ -320,9 +339,9 @@ def measure(workload: str, sizes: dict, preset: str = "quick", repeats: int | No
                 row["status"] = f"wrong: rel error {err:.2e} against {ref_name}"
                 continue
         timed.append((row, b, system.device))
-    for (row, _, _), times in zip(timed, time_calls([(b.run, device) for _, b, device in timed], repeats, warmup)):
+    for (row, b, _), times in zip(timed, time_calls([(b.run, device) for _, b, device in timed], repeats, warmup)):
         row.update(seconds=statistics.median(times), seconds_min=min(times), seconds_max=max(times),
-                   repeats=len(times), warmup=warmup + 1)
+                   repeats=len(times), warmup=warmup + 1, **b.columns())
     return rows
 
 

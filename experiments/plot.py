@@ -47,7 +47,7 @@ from .paper import PAPER_DRAM  # noqa: E402
 # in red/blue; a torch baseline's -cuda variant: a darker shade, dashed, same marker)
 STYLE = {
     "c-auto": ("tab:red", "o", "-"), "c-original": ("tab:blue", "s", "--"), "c-auto-1thread": ("salmon", "o", ":"),
-    "c-tiled-wavefront": ("firebrick", "d", "-."),
+    "c-tiled-wavefront": ("firebrick", "d", "-."), "c-wavefront": ("coral", "h", "--"),
     "polyft-cuda-auto": ("darkred", "o", "-"), "polyft-cuda-original": ("navy", "s", "--"),
     "numpy-eager": ("tab:gray", "x", ":"),
     "torch-cell-loop": ("tab:orange", "^", "-"), "torch-nn-lstm": ("tab:green", "D", "-"),

@@ -25,6 +25,7 @@ from .errors import InputError, OutOfMemoryError, PolyftError
 from .fractaltensor import FractalTensor
 from .interpret import assemble_outputs, bind_params
 from .ragged import Ragged, check_lengths, lengths_of, padded, used_elements
+from .schedule_choice import Variant, schedule_choice
 from .tracing import trace
 
 
@@ -44,14 +45,20 @@ class Program:
             self.etdg = self.traced
         self.model = build(self.etdg, sizes)
         self.deps = dependences(self.model)
-        coarsening = Coarsening.of(self.traced, self.etdg, self.coarsen_log, bool(coarsened))
-        if not isinstance(schedule, str):  # a hand schedule: with coarsen=True, traced names are an error
-            coarsening.check_names(m.get_tuple_name(isl.dim_type.in_) for m in maps(schedule))
-        self.schedule = make_schedule(self.model, self.deps, schedule)
-        self.schedule.coarsening = coarsening
+        self._coarsening = Coarsening.of(self.traced, self.etdg, self.coarsen_log, bool(coarsened))
+        self.schedule = self.schedule_as(schedule)
+
+    def schedule_as(self, kind):
+        """A Schedule of this program's (coarsened) statements: `kind` as schedule= takes it."""
+        kind = schedule_kind(kind)
+        if not isinstance(kind, str):  # a hand schedule: with coarsen=True, traced names are an error
+            self._coarsening.check_names(m.get_tuple_name(isl.dim_type.in_) for m in maps(kind))
+        out = make_schedule(self.model, self.deps, kind)
+        out.coarsening = self._coarsening
+        return out
 
     def original_schedule(self):
-        return make_schedule(self.model, self.deps, "original")
+        return self.schedule_as("original")
 
     @property
     def storage(self) -> Storage:
@@ -167,7 +174,7 @@ class CompiledProgram(Program):
     """
 
     def __init__(self, fn, args, schedule="auto", sizes=None, target="c", coarsen=None, precision="fp32",
-                 contract=True):
+                 contract=True, alternative=None):
         generator, runtime = select(target, precision)
         if not isinstance(contract, bool):
             raise PolyftError(f"contract= takes True or False, got {contract!r}", op="compile")
@@ -178,6 +185,7 @@ class CompiledProgram(Program):
         self.module = generator.generate(self.model, self.schedule, precision, self._storage)
         self.source, self.layout = self.module.source, self.module.layout
         self._run = runtime(self.module)
+        self.schedule_choice = schedule_choice(self, alternative, generator, runtime, contract)
 
     def local_batch(self, buf):
         """The storage.Batch of `buf`'s per-thread scratch in the generated code (None: the
@@ -213,7 +221,8 @@ class CompiledProgram(Program):
         if self.target != "cuda-emulated":
             raise PolyftError(f"emulated_traffic() runs the CUDA emulator; this program is compiled for target "
                               f"{self.target!r}: compile it with target='cuda-emulated'", op="emulated_traffic")
-        values, storage = self._bind(self._positional(inputs, named))
+        values, given = self._checked(self._positional(inputs, named))
+        storage = self._allocated(values, given, self.layout)
         counts, launched = count_traffic(self.module, [storage[b] for b in self.layout.buffers], values)
         import pandas as pd
         out = pd.DataFrame([dict(buffer=b.name, placement="shared" if self.layout.batch(b) else "global",
@@ -228,10 +237,20 @@ class CompiledProgram(Program):
         return self.module.host
 
     def __call__(self, *inputs, **named):
-        values, storage = self._bind(self._positional(inputs, named))
-        arrays = [storage[b] for b in self.layout.buffers]
-        self._run(arrays, values)
-        return self._result(storage)
+        values, given = self._checked(self._positional(inputs, named))
+
+        def call(variant):
+            storage = self._allocated(values, given, variant.layout)
+            variant.runtime([storage[b] for b in variant.layout.buffers], values)
+            return storage
+        return self._result(self._on_schedule(values, call))
+
+    def _on_schedule(self, values: dict, call):
+        """`call(variant)` on this program's schedule, or on the one its schedule_choice picks."""
+        if self.schedule_choice is None:
+            return call(Variant(self.schedule.kind, self.schedule, self._storage, self.module, self._run))
+        pinned = self.threads.fixed  # a pinned thread count is measured apart
+        return self.schedule_choice.run((pinned, *(int(values[p]) for p in self.module.params)), call)
 
     def _result(self, storage: dict):
         """The outputs, from the buffers the call ran on."""
@@ -240,9 +259,26 @@ class CompiledProgram(Program):
 
     def bind(self, *inputs, **named):
         """For timing: a zero-argument callable that runs the program on these inputs with
-        all buffers already in place (on the GPU for target "cuda"), and a fetch()."""
-        values, storage = self._bind(self._positional(inputs, named))
-        return self._run.bind([storage[b] for b in self.layout.buffers], values)
+        all buffers already in place (on the GPU for target "cuda"), and a fetch(). With a
+        schedule_choice, each schedule's buffers are put in place when it first runs."""
+        values, given = self._checked(self._positional(inputs, named))
+        bound = {}
+
+        def call(variant):
+            if variant.name not in bound:
+                storage = self._allocated(values, given, variant.layout)
+                bound[variant.name] = variant.runtime.bind([storage[b] for b in variant.layout.buffers], values)
+            run, fetch = bound[variant.name]
+            run()
+            return fetch
+        if self.schedule_choice is None:
+            storage = self._allocated(values, given, self.layout)
+            return self._run.bind([storage[b] for b in self.layout.buffers], values)
+        fetch = [lambda: None]
+
+        def run():
+            fetch[0] = self._on_schedule(values, call)
+        return run, (lambda: fetch[0]())
 
     def _positional(self, inputs: tuple, named: dict) -> tuple:
         """The inputs in order, keyword arguments placed by the traced function's parameter names."""
@@ -258,9 +294,9 @@ class CompiledProgram(Program):
                              f"keywords {', '.join(named)}: {'; '.join(problems)}", op="call")
         return tuple(inputs) + tuple(named[n] for n in names[len(inputs):])
 
-    def _bind(self, inputs):
-        """Check the inputs and the captured constants (before any native code runs) and
-        allocate every buffer."""
+    def _checked(self, inputs):
+        """The lengths and {buffer: array} of the inputs (and ragged lengths), once the inputs and
+        the captured constants are checked (before any native code runs)."""
         changed = [c for c in self.traced.captured if c.changed()]
         if changed:
             c = changed[0]
@@ -292,14 +328,19 @@ class CompiledProgram(Program):
             if b.name in lengths:
                 storage[b] = np.ascontiguousarray(lengths[b.name], dtype=native_dtype(b.dtype))
         self._called_lengths = lengths
-        for b in self.layout.buffers:
+        return params, storage
+
+    @staticmethod
+    def _allocated(params: dict, given: dict, layout) -> dict:
+        """{buffer: array} for every buffer of `layout`: the `given` arrays, the others allocated."""
+        storage = dict(given)
+        for b in layout.buffers:
             if b not in storage:
                 if b.kind in ("const", "index"):
                     storage[b] = np.ascontiguousarray(b.value, dtype=native_dtype(b.dtype))
                 else:
-                    storage[b] = _allocate(b, self.layout.shape(b, params))
-        return params, storage
-
+                    storage[b] = _allocate(b, layout.shape(b, params))
+        return storage
 
     def _ragged(self, inputs: tuple) -> tuple:
         """The inputs with each ragged list as its padded array (its level as long as the bound),
@@ -366,12 +407,17 @@ def analyze(fn, *inputs_or_specs, schedule="auto", sizes=None, coarsen=None) -> 
 
 
 def compile(fn, *inputs_or_specs, target="c", schedule="auto", sizes=None, coarsen=None,
-            precision="fp32", contract=True) -> CompiledProgram:
+            precision="fp32", contract=True, alternative=None) -> CompiledProgram:
     """Trace, (coarsen,) analyse, schedule and generate code for `fn`; call the result on inputs.
     `precision` of matmul operands on the CUDA targets: "fp32", "tf32", "fp16" or "bf16".
     `contract` (default True) stores intermediate buffers by their storage mapping (only the
-    cells live at once); False keeps one element per instance, to compare."""
-    return CompiledProgram(fn, inputs_or_specs, schedule, sizes, target, coarsen, precision, contract)
+    cells live at once); False keeps one element per instance, to compare.
+    `alternative` (C target): a second schedule of the same statements, as schedule= takes it,
+    compiled on first use; each call runs whichever of the two its lengths ran faster
+    (`prog.schedule_choice`: which ran last, `.fixed` to pin one). Default: the original order
+    where schedule is "auto" (the wavefront loses where every layer's weights outgrow the caches,
+    or the batch alone fills the cores); False: the schedule alone."""
+    return CompiledProgram(fn, inputs_or_specs, schedule, sizes, target, coarsen, precision, contract, alternative)
 
 
 ROLES = {"input": "input", "output": "output", "intermediate": "intermediate", "const": "const", "index": "const",

@@ -26,6 +26,7 @@ import pytest
 import polyft as ft
 from polyft.errors import SettingError
 from polyft.testing import rel_error
+from polyft.emit import measured as M
 from polyft.emit import threads as T
 from polyft.workloads import WORKLOADS
 
@@ -84,7 +85,7 @@ def test_it_keeps_the_faster_count_and_probes_the_other_ever_more_rarely():
     assert choice.best(()) == 1
     runs(choice, clock, 3000)
     gaps = np.diff(probes(clock.counts, 4))
-    assert gaps.max() == T.MAX_INTERVAL + 1 and list(gaps[-3:]) == [T.MAX_INTERVAL + 1] * 3  # and no further apart
+    assert gaps.max() == M.MAX_INTERVAL + 1 and list(gaps[-3:]) == [M.MAX_INTERVAL + 1] * 3  # and no further apart
 
 
 def test_a_probe_costs_at_most_a_share_of_the_time():
@@ -94,7 +95,7 @@ def test_a_probe_costs_at_most_a_share_of_the_time():
     runs(choice, clock, 3000)
     gaps = np.diff(probes(clock.counts, 4))
     assert list(gaps[:5]) == [5, 9, 17, 33, 65]  # the intervals double ...
-    assert set(gaps[5:]) == {T.PROBE_SHARE * 6 + 1}  # ... until the time rule comes first
+    assert set(gaps[5:]) == {M.PROBE_SHARE * 6 + 1}  # ... until the time rule comes first
 
 
 def test_the_end_of_a_long_load_is_found_within_a_share_of_the_time():
@@ -108,7 +109,7 @@ def test_the_end_of_a_long_load_is_found_within_a_share_of_the_time():
     assert choice.best(()) == 1
     clock.cost = {1: 8, 2: 4}  # the other process is done
     after = runs(choice, clock, 100)
-    assert 2 in after and after.index(2) <= 20 * 24 // 8 == T.PROBE_SHARE * 24 // 8 and choice.best(()) == 2
+    assert 2 in after and after.index(2) <= 20 * 24 // 8 == M.PROBE_SHARE * 24 // 8 and choice.best(()) == 2
     assert after[-30:].count(2) >= 25  # every core from then on, but for probes of one thread
 
 
