@@ -185,6 +185,7 @@ class CompiledProgram(Program):
         self.module = generator.generate(self.model, self.schedule, precision, self._storage)
         self.source, self.layout = self.module.source, self.module.layout
         self._run = runtime(self.module)
+        self._variant = Variant(self.schedule.kind, self.schedule, self._storage, self.module, self._run)
         self.schedule_choice = schedule_choice(self, alternative, generator, runtime, contract)
 
     def local_batch(self, buf):
@@ -248,7 +249,7 @@ class CompiledProgram(Program):
     def _on_schedule(self, values: dict, call):
         """`call(variant)` on this program's schedule, or on the one its schedule_choice picks."""
         if self.schedule_choice is None:
-            return call(Variant(self.schedule.kind, self.schedule, self._storage, self.module, self._run))
+            return call(self._variant)
         pinned = self.threads.fixed  # a pinned thread count is measured apart
         return self.schedule_choice.run((pinned, *(int(values[p]) for p in self.module.params)), call)
 

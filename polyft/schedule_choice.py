@@ -44,7 +44,9 @@ class Variant:
 class ScheduleChoice:
     """The schedules a compiled program chooses between per call (module docstring).
     `schedules`: name -> Schedule (ISL strings: `.describe()`); `last`: the name of the latest
-    call's; `fixed = name` pins one (None: measured); `built`: those compiled so far."""
+    call's; `fixed = name` pins one (None: measured); `built`: those compiled so far;
+    `variant(name)`: its generated code (`.module.source`; the program's own `source` and
+    `memory()` are its schedule='s)."""
 
     def __init__(self, main: Variant, name: str, schedule, build):
         self._variants = {main.name: main}
@@ -112,7 +114,7 @@ def schedule_choice(prog, alternative, generator, runtime, contract: bool) -> Sc
     other = prog.schedule_as(alternative)
     if other.map.is_equal(prog.schedule.map):
         return None
-    main = Variant(prog.schedule.kind, prog.schedule, prog._storage, prog.module, prog._run)
+    main = prog._variant
     name = other.kind if other.kind != main.name else f"{other.kind}-alternative"
 
     def build():
