@@ -9,7 +9,7 @@ ratios time(deepest) / time(depth 1) per system: results/depth_scaling_<preset>.
 
 Writes results/fig2_<preset>.csv (one row per workload, depth and system; GPU systems are rows
 with status "absent: ..." where there is no GPU). Beside c-auto (which runs the faster of the
-wavefront and the original order, polyft/schedule_choice.py) it times the wavefront alone
+wavefront and the original order, emit/schedule_choice.py) it times the wavefront alone
 (`c-wavefront`) and, for the LSTM, a tiled wavefront by hand (`c-tiled-wavefront`).
 """
 from __future__ import annotations

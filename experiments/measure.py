@@ -124,7 +124,7 @@ def _polyft(target: str, schedule: str, threads: int | None = None, coarsen: boo
     shared object serves every length of a sweep; bound to the point's inputs for timing.
     `threads` pins the C target's thread count for this system's calls (else its default);
     `coarsen` and `alternative` as ft.compile's (for a schedule by hand; the auto schedule alone).
-    Its row's `schedule` column: the schedule most of its calls ran (polyft/schedule_choice.py)."""
+    Its row's `schedule` column: the schedule most of its calls ran (emit/schedule_choice.py)."""
     def build(inputs, workload=None, sizes=None):
         mod = get(workload)
         specs = mod.specs("small", **sizes)

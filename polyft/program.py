@@ -25,7 +25,7 @@ from .errors import InputError, OutOfMemoryError, PolyftError
 from .fractaltensor import FractalTensor
 from .interpret import assemble_outputs, bind_params
 from .ragged import Ragged, check_lengths, lengths_of, padded, used_elements
-from .schedule_choice import Variant, schedule_choice
+from polyft.emit.schedule_choice import Variant, schedule_choice
 from .tracing import trace
 
 

@@ -1,4 +1,4 @@
-"""The C target's measured choice between the auto schedule and another (polyft/schedule_choice.py,
+"""The C target's measured choice between the auto schedule and another (emit/schedule_choice.py,
 emit/measured.py).
 
 * `MeasuredChoice` with `warm_each` (a fake clock): each option warms up once, uncounted, then

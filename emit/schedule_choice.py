@@ -21,10 +21,10 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from polyft.emit.measured import MeasuredChoice
+from polyft.errors import PolyftError
 from polyft.schedule.storage import storage_mapping
 
-from .errors import PolyftError
+from .measured import MeasuredChoice
 
 
 @dataclass
