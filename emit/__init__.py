@@ -10,5 +10,8 @@ cuda_arena       the block's shared-memory arena holding those tiles
 cuda_host        the Python host driver launching the kernels
 cuda_target      the CUDA target
 runtime_c        the ctypes runtime; runtime_cuda: the PyCUDA and emulator runtimes
+measured         a choice among ways to run a call, made by timing calls (threads, schedule_choice)
+threads          the OpenMP thread count of each C call
+schedule_choice  the C target's choice between the auto schedule and the original order
 targets          the target names `ft.compile` takes -> (Target, Runtime)
 """
