@@ -36,14 +36,18 @@ def test_sweep_configs_are_well_formed(name, preset):
 
 
 def test_a_schedule_by_hand_is_measured_only_where_asked():
-    """cpu_rnn times the stacked LSTM's tiled wavefront (checked against eager like every
-    system); the other experiments leave it out."""
+    """cpu_rnn and fig2 time the stacked LSTM's tiled wavefront and the auto schedule alone
+    (checked against eager like every system); the other experiments leave them out."""
     sizes = dict(N=2, H=16, L=6, D=3)
     assert "c-tiled-wavefront" not in [s.name for s in measure.systems("stacked_lstm")]
     assert "c-tiled-wavefront" not in [s.name for s in measure.systems("stacked_rnn", by_hand=True)]
     rows = measure.measure("stacked_lstm", sizes, repeats=1, by_hand=True)
     (row,) = [r for r in rows if r["system"] == "c-tiled-wavefront"]
     assert row["status"] == "ok" and row["rel_error"] < 1e-4 and row["checked_against"] == "numpy-eager"
+    # the schedule each polyft row ran: c-auto chose between its two, c-wavefront had only the wavefront
+    by = {r["system"]: r["schedule"] for r in rows}
+    assert (by["c-original"], by["c-wavefront"], by["c-tiled-wavefront"]) == ("original", "auto", "user")
+    assert by["c-auto"] in ("auto", "original") and by["torch-nn-lstm"] == ""
 
 
 def test_quick_inputs_build():
