@@ -51,9 +51,10 @@ ARTEFACTS = {
                                "polyft's schedule against the nest as written and against isl's own scheduler, "
                                "beside the program's critical path, per workload."}),
     "cpu_rnn": Artefact("polyft.experiments.cpu_rnn", "CPU timings of the RNN family", {
-        "cpu_rnn.csv": "Eager numpy, generated C (original and auto schedules; the stacked LSTM also with a "
-                       "tiled wavefront by hand), torch per-cell loops, torch.nn.LSTM and JAX (jax.jit of "
-                       "lax.scan) on the RNN workloads at a few depths, on the CPU."}),
+        "cpu_rnn.csv": "Eager numpy, generated C (original and auto schedules, the auto one with its measured "
+                       "choice of the original order and alone; the stacked LSTM also with a tiled wavefront by "
+                       "hand), torch per-cell loops, torch.nn.LSTM and JAX (jax.jit of lax.scan) on the RNN "
+                       "workloads at a few depths, on the CPU; `schedule`: the schedule most calls ran."}),
     "grad_bench": Artefact("polyft.experiments.grad_bench", "Differentiation (beyond the paper): forward + backward", {
         "grad_bench.csv": "Forward + backward of the stacked LSTM: polyft's pullback compiled to C (one program "
                           "with the forward) and eager, torch.nn.LSTM's forward+backward and jax.grad of a "
@@ -72,8 +73,9 @@ ARTEFACTS = {
                     "theoretical peak (clock x FP units x lanes x 2) and a probe of independent vector "
                     "operations at its width (multiply-adds, or multiplies and adds apart without FMA)."}),
     "fig2": Artefact("polyft.experiments.fig2", "Figure 2", {
-        "fig2.csv": "Time against stack depth of the stacked RNN and the stacked LSTM, every system "
-                    "(GPU systems as absent rows where there is no GPU)."}),
+        "fig2.csv": "Time against stack depth of the stacked RNN and the stacked LSTM, every system, the auto "
+                    "schedule also alone and (LSTM) a tiled wavefront by hand (GPU systems as absent rows where "
+                    "there is no GPU)."}),
     "fig7": Artefact("polyft.experiments.fig7", "Figure 7", {
         "fig7.csv": "End-to-end time of all seven workloads under every system, one shape each."}),
     "fig8": Artefact("polyft.experiments.fig8", "Figure 8", {
