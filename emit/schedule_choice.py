@@ -21,7 +21,10 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+import islpy as isl
+
 from polyft.errors import PolyftError
+from polyft.schedule.schedule import ACCEPTED
 from polyft.schedule.storage import storage_mapping
 
 from .measured import MeasuredChoice
@@ -111,6 +114,9 @@ def schedule_choice(prog, alternative, generator, runtime, contract: bool) -> Sc
         alternative = "original" if prog.target == "c" and prog.schedule.kind == "auto" else False
     if alternative is False:
         return None
+    if not isinstance(alternative, (str, isl.Map, isl.UnionMap)):
+        raise PolyftError(f"alternative= takes False (the schedule alone) or what schedule= takes ({ACCEPTED}); got "
+                          f"the {type(alternative).__name__} {alternative!r}", op="compile")
     other = prog.schedule_as(alternative)
     if other.map.is_equal(prog.schedule.map):
         return None

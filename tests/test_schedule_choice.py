@@ -146,6 +146,8 @@ def test_bad_alternatives_fail_at_compile_time():
     with pytest.raises(ScheduleError):  # illegal: runs the layers backwards in time
         ft.compile(stacked_lstm.program, *INPUTS,
                    alternative="{ S_b0[i, j, k] -> [-j, -k, i, 1, 0]; S_b3[i, j, k, l] -> [-j, -k, i, 0, l] }")
+    with pytest.raises(PolyftError, match="alternative= takes False .* got the bool True"):
+        ft.compile(stacked_lstm.program, *INPUTS, alternative=True)
     with pytest.raises(PolyftError, match="C target"):
         ft.compile(stacked_lstm.program, *INPUTS, target="cuda-emulated", alternative="original")
 
