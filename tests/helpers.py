@@ -6,6 +6,7 @@ tests/__init__.py, so the default "prepend" import mode applies)."""
 from __future__ import annotations
 
 import re
+import threading
 
 import numpy as np
 
@@ -81,3 +82,17 @@ def shell_commands(code: str) -> list:
         status = re.search(r"exit status (\d+)", comment)
         out.append((body.strip(), k, int(status.group(1)) if status else 0, shown))
     return out
+
+
+def in_threads(work, n: int = 4) -> None:
+    """work() in n threads at once (each waits at a barrier first); returns when all are done."""
+    ready = threading.Barrier(n)
+
+    def start():
+        ready.wait()
+        work()
+    threads = [threading.Thread(target=start) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)

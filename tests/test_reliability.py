@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import assert_same, flist, rand
+from helpers import assert_same, flist, in_threads, rand
 
 import polyft as ft
 from polyft.errors import (DepthError, DTypeError, InPlaceError, InputError, PolyftError, ScheduleError, ShapeError,
@@ -404,20 +404,11 @@ def test_a_schedule_naming_a_length_the_program_lacks_means_the_same_from_specs_
 def test_one_compiled_program_called_from_four_threads_at_once():
     """Each call has its own buffers and scratch, and each calling thread its own OpenMP pool: 4
     threads x 10 calls (on the counts the program measures) give one call's bits."""
-    import threading
     xs, w, u = flist([6], (1, 16), 15), rand((16, 16), 16) / 4, rand((16, 16), 17) / 4
     prog = ft.compile(gated_rows, xs, w, u)
     expected = prog(xs, w, u).to_numpy()
-    same, ready = [], threading.Barrier(4)
-
-    def work():
-        ready.wait()
-        same.extend(np.array_equal(prog(xs, w, u).to_numpy(), expected) for _ in range(10))
-    threads = [threading.Thread(target=work) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=600)
+    same = []
+    in_threads(lambda: same.extend(np.array_equal(prog(xs, w, u).to_numpy(), expected) for _ in range(10)))
     assert len(same) == 40 and all(same)
 
 

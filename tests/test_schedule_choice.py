@@ -20,6 +20,8 @@ from polyft.errors import PolyftError, ScheduleError
 from polyft.testing import rel_error
 from polyft.workloads import b2b_gemm, stacked_lstm
 
+from helpers import in_threads
+
 
 @pytest.fixture(autouse=True)
 def measured(monkeypatch):
@@ -155,25 +157,19 @@ def test_bad_alternatives_fail_at_compile_time():
 def test_four_threads_calling_at_once_build_the_original_order_once():
     """The calls that first try the original order come from several threads at once: it is
     compiled once (under a lock) and every call gives the first call's bits."""
-    import threading
     prog = ft.compile(stacked_lstm.program, *INPUTS)
     expected = _arrays(prog(*INPUTS))
-    builds, same, ready = [], [], threading.Barrier(4)
+    builds, same = [], []
     build = prog.schedule_choice._build["original"]  # generates and compiles the original order
 
     def counted():
-        builds.append(threading.get_ident())
+        builds.append(1)
         return build()
     prog.schedule_choice._build["original"] = counted
 
     def work():
-        ready.wait()
         for _ in range(6):
             same.append(all(np.array_equal(a, b) for a, b in zip(_arrays(prog(*INPUTS)), expected)))
-    threads = [threading.Thread(target=work) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=600)
+    in_threads(work)
     assert len(same) == 24 and all(same)
     assert prog.schedule_choice.built == ("auto", "original") and len(builds) == 1
