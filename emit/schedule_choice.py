@@ -32,10 +32,8 @@ from .measured import MeasuredChoice
 
 @dataclass
 class Variant:
-    """One schedule's generated code: the Schedule, its Storage, the Module and its runtime."""
+    """One schedule's generated code: the Module (source, layout) and the runtime running it."""
     name: str
-    schedule: object
-    storage: object
     module: object
     runtime: object
 
@@ -51,10 +49,11 @@ class ScheduleChoice:
     `variant(name)`: its generated code (`.module.source`; the program's own `source` and
     `memory()` are its schedule='s)."""
 
-    def __init__(self, main: Variant, name: str, schedule, build):
+    def __init__(self, schedules: dict, main: Variant, build):
+        """`schedules`: name -> Schedule, `main`'s first; `build()`: the other's Variant."""
         self._variants = {main.name: main}
-        self.schedules = {main.name: main.schedule, name: schedule}
-        self._build = {name: build}
+        self.schedules = dict(schedules)
+        self._build = {name: build for name in self.schedules if name != main.name}
         self._lock = threading.Lock()
         self._choice = MeasuredChoice(list(self.schedules), warm_each=True)
         self._fixed = None
@@ -126,5 +125,5 @@ def schedule_choice(prog, alternative, generator, runtime, contract: bool) -> Sc
     def build():
         storage = storage_mapping(prog.model, other, contract)
         module = generator.generate(prog.model, other, prog.precision, storage)
-        return Variant(name, other, storage, module, runtime(module, threads=prog._run.threads))
-    return ScheduleChoice(main, name, other, build)
+        return Variant(name, module, runtime(module, threads=prog._run.threads))
+    return ScheduleChoice({main.name: prog.schedule, name: other}, main, build)

@@ -185,7 +185,7 @@ class CompiledProgram(Program):
         self.module = generator.generate(self.model, self.schedule, precision, self._storage)
         self.source, self.layout = self.module.source, self.module.layout
         self._run = runtime(self.module)
-        self._variant = Variant(self.schedule.kind, self.schedule, self._storage, self.module, self._run)
+        self._variant = Variant(self.schedule.kind, self.module, self._run)
         self.schedule_choice = schedule_choice(self, alternative, generator, runtime, contract)
 
     def local_batch(self, buf):
@@ -265,16 +265,17 @@ class CompiledProgram(Program):
         values, given = self._checked(self._positional(inputs, named))
         bound = {}
 
+        def place(variant):
+            storage = self._allocated(values, given, variant.layout)
+            bound[variant.name] = variant.runtime.bind([storage[b] for b in variant.layout.buffers], values)
+
         def call(variant):
             if variant.name not in bound:
-                storage = self._allocated(values, given, variant.layout)
-                bound[variant.name] = variant.runtime.bind([storage[b] for b in variant.layout.buffers], values)
+                place(variant)
             run, fetch = bound[variant.name]
             run()
             return fetch
-        if self.schedule_choice is None:
-            storage = self._allocated(values, given, self.layout)
-            return self._run.bind([storage[b] for b in self.layout.buffers], values)
+        place(self._variant)
         fetch = [lambda: None]
 
         def run():
