@@ -142,6 +142,8 @@ class Value:
 
     def _binop(name, swap=False):
         def f(self, other):
+            if getattr(other, "_ad", False) is True:  # a value being differentiated: its own operator records it
+                return NotImplemented
             args = (other, self) if swap else (self, other)
             return apply_op(name, args, {})
         return f
