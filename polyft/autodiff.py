@@ -251,6 +251,9 @@ class ADValue:
     def __neg__(self):
         return bind("neg", (self,), {})
 
+    def __abs__(self):
+        return bind("abs", (self,), {})
+
     @property
     def T(self):
         if self.ndim < 2:
@@ -262,6 +265,17 @@ class ADValue:
 
     def astype(self, dtype):
         return bind("astype", (self,), {"dtype": np.dtype(dtype).name})
+
+    def transpose(self, *axes):
+        """numpy's `x.transpose(*axes)`; no axes: every axis reversed."""
+        from . import elementmath
+        axes = axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes
+        return elementmath.transpose(self, tuple(axes) if axes else tuple(range(self.ndim))[::-1])
+
+    def reshape(self, *shape):
+        from . import elementmath
+        return elementmath.reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list))
+                                   else shape)
 
     def __getitem__(self, key):
         return bind("getitem", (self,), {"key": key})
@@ -328,8 +342,19 @@ def bind(name: str, args, attrs: dict):
     result = ADValue(out, tape)
     if _dtype_name(out) not in _FLOATS:  # no gradient flows through it: an error only if it is an output
         result.origin = (name, errors.user_location())
-    tape.record(name, live, [result], lambda cts: rule(cts[0], out, prims, attrs))
+    tape.record(name, live, [result], lambda cts: _in_dtypes(rule(cts[0], out, prims, attrs), prims))
     return result
+
+
+def _in_dtypes(cts, prims):
+    """Each cotangent in its operand's dtype: a float32 value times a float64 constant has a float32
+    cotangent (as torch's), so that a scan's reversed state keeps the forward state's type."""
+    return [c.astype(_dtype_name(p)) if c is not None and not _is_list(c) and not _is_number(p)
+            and _dtype_name(p) in _FLOATS and _dtype_name(c) != _dtype_name(p) else c for c, p in zip(cts, prims)]
+
+
+def _is_number(p) -> bool:
+    return isinstance(p, (int, float)) and not isinstance(p, (bool, np.generic))
 
 
 def describe(p) -> str:
@@ -379,6 +404,15 @@ class ADList(ListBase):
 
     def strided_merge(self):
         return self._access("strided_merge")
+
+    def flatten(self):
+        return self._access("flatten")
+
+    def split(self, size):
+        return self._access("split", size)
+
+    def _permute_lists(self, perm):
+        return self._access("permute", tuple(perm))
 
     def _repeat(self, n, inner):
         return self._access("product", n, inner)

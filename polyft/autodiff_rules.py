@@ -90,6 +90,25 @@ def _matmul(ct, out, prims, attrs):
     return [_unbroadcast(ct @ em.transpose(b), _shape(a)), _unbroadcast(em.transpose(a) @ ct, _shape(b))]
 
 
+def _permute(ct, out, prims, attrs):
+    axes = attrs["axes"]
+    return [em.transpose(ct, tuple(sorted(range(len(axes)), key=lambda k: axes[k])))]
+
+
+def _scatter_add(ct, out, prims, attrs):
+    """x's cotangent is ct read back at ids (`ct[ids]`): the one-hot matrix of ids (identity rows
+    scattered by the same ids, [n, L]) transposed times ct; the ids have none. `combine="max"` has
+    no gradient rule."""
+    x, ids = prims
+    if attrs.get("combine", "sum") != "sum":
+        raise DifferentiationError("scatter_add with combine='max' has no gradient; use combine='sum'",
+                                   op="scatter_add")
+    shape, n = _shape(x), attrs["n"]
+    onehot = em.scatter_add(np.eye(shape[0], dtype=np.dtype(str(x.dtype))), ids, n)
+    rows = _reshape(ct, (n, int(np.prod(shape[1:], dtype=np.int64))))
+    return [_reshape(em.transpose(onehot) @ rows, shape), None]
+
+
 def _max(ct, out, prims, attrs):
     """Split among the maxima (ties share), as torch's amax."""
     x, shape = prims[0], _shape(prims[0])
@@ -161,11 +180,9 @@ def _select(mask, a, b=None):
     return em.where(mask, a, zeros_like(a) if b is None else b)
 
 
-def _pow(ct, out, prims, attrs):
-    x, p = prims
-    if not _is_number(p):
-        raise DifferentiationError("the gradient of x ** p is defined for a constant Python exponent p", op="pow")
-    return [ct * p * x ** (p - 1), None]
+# x ** p: by the exponent, out * log(x), taken as 0 where x is 0 (as torch does)
+_pow = _binary(lambda ct, o, x, p: ct * p * x ** (p - 1),
+               lambda ct, o, x, p: em.where(x, ct * o * em.log(x), zeros_like(ct)))
 
 
 def _astype(ct, out, prims, attrs):
@@ -188,6 +205,7 @@ RULES = {
     "neg": _unary(lambda ct, o, x: -ct),
     "matmul": _matmul,
     "transpose": _unary(lambda ct, o, x: em.transpose(ct)),
+    "permute": _permute,
     "copy": _unary(lambda ct, o, x: ct),
     "astype": _astype,
     "reshape": _unary(lambda ct, o, x: _reshape(ct, _shape(x))),
@@ -212,6 +230,7 @@ RULES = {
     "logsumexp": _logsumexp,
     "pow": _pow,
     "where": _where,
+    "scatter_add": _scatter_add,
     "zeros_like": lambda ct, out, prims, attrs: [None],
 }
 
@@ -237,6 +256,13 @@ def access(xs, op: str, *args):
         out, back = p.strided_split(args[0]), lambda ct: ct.strided_merge()
     elif op == "strided_merge":
         out, back = p.strided_merge(), lambda ct: ct.strided_split(_concrete_length(p, op))
+    elif op == "flatten":
+        out, back = p.flatten(), lambda ct: ct.split(_inner_length(p))
+    elif op == "split":
+        out, back = p.split(args[0]), lambda ct: ct.flatten()
+    elif op == "permute":
+        inverse = tuple(sorted(range(len(args[0])), key=lambda k: args[0][k]))
+        out, back = p._permute_lists(args[0]), lambda ct: ct._permute_lists(inverse)
     else:  # "product": `_repeat(n, inner)`, each element n times (inner) or the list n times
         n, inner = args
         out = p._repeat(n, inner)
@@ -254,6 +280,21 @@ def _concrete_length(p, op: str) -> int:
     if getattr(length, "is_concrete", False):
         return length.const
     raise DifferentiationError(f"the gradient of {op} needs a concrete length, not {length}", op=op)
+
+
+def _inner_length(p) -> int:
+    """The one length of p's inner lists (flatten's adjoint splits into chunks of it); ragged inner
+    lists have no such length and no gradient through flatten."""
+    if isinstance(p, FractalTensor):
+        lengths = {len(child) for child in p}
+        if len(lengths) > 1:
+            raise DifferentiationError(f"the gradient of flatten needs inner lists of one length, got the ragged "
+                                       f"{p.type_string}", op="flatten")
+        return lengths.pop() if lengths else 1
+    length = p.lengths[1]
+    if getattr(length, "is_concrete", False):
+        return length.const
+    raise DifferentiationError(f"the gradient of flatten needs a concrete inner length, not {length}", op="flatten")
 
 
 def _place(ct, p, reads: dict):

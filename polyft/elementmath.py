@@ -154,7 +154,14 @@ def transpose(x, axes=None):
         return _bind("transpose", (x,), {})
     if isinstance(x, tracing.Value):
         return x.transpose(axes)
-    return np.transpose(x, permutation("transpose", np.shape(x), axes))
+    perm = permutation("transpose", _shape(x, "transpose"), axes)
+    if getattr(x, "_ad", False):  # recorded as the tracer records it: a swap of the last two is a transpose
+        n = len(perm)
+        if perm == tuple(range(n)):
+            return x
+        return _bind(*(("transpose", (x,), {}) if perm == tuple(range(n - 2)) + (n - 1, n - 2)
+                       else ("permute", (x,), {"axes": perm})))
+    return np.transpose(x, perm)
 
 
 def _permute_lists(xs, axes):
