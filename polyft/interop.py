@@ -33,7 +33,8 @@ _BACKWARD_OPTIONS = ("target", "coarsen", "precision", "contract", "sizes")  # t
 class Boundary:
     """`fn` compiled from `specs` for calls from another framework (`api` names the entry point in
     messages, e.g. "ft.torch.function"); `options` are ft.compile's keyword arguments (the pullback
-    gets those that do not name the forward's statements: not schedule= or alternative=)."""
+    gets those that do not name the forward's statements: schedule= and alternative= only as
+    "auto" / "original" / True / False, not as ISL schedules)."""
 
     def __init__(self, fn, specs, options: dict, api: str):
         from .program import compile as compile_program
@@ -117,7 +118,7 @@ class Boundary:
         if self._pullback is None:
             from .program import compile as compile_program
             cts = [Spec(b.type) for b in self.outputs]
-            options = {k: v for k, v in self.options.items() if k in _BACKWARD_OPTIONS}
+            options = {k: v for k, v in self.options.items() if k in _BACKWARD_OPTIONS or _general(k, v)}
             self._pullback = compile_program(pullback_program(self.fn, self.names, self.differentiable,
                                                               [b.name for b in self.outputs]),
                                              *self.specs, *cts, **options)
@@ -146,6 +147,13 @@ def pullback_program(fn, names: list, differentiable: list, outputs: list):
                                                 for p in [*names, *(f"d_{o}" for o in outputs)]])
     backward.__name__ = f"pullback_{getattr(fn, '__name__', 'fn')}"
     return backward
+
+
+def _general(option: str, value) -> bool:
+    """Whether a schedule= or alternative= value applies to any program (not an ISL schedule of the
+    forward's statements)."""
+    return option in ("schedule", "alternative") and (value is None or isinstance(value, bool)
+                                                      or isinstance(value, str) and value in ("auto", "original"))
 
 
 def _spec(s, k: int, api: str) -> Spec:
