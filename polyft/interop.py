@@ -17,6 +17,7 @@ program), so nothing of the forward call is kept but its inputs."""
 from __future__ import annotations
 
 import inspect
+import weakref
 
 import numpy as np
 
@@ -30,16 +31,36 @@ FLOATS = ("float16", "float32", "float64")
 _BACKWARD_OPTIONS = ("target", "coarsen", "precision", "contract", "sizes")  # the pullback's share of them
 
 
+_SHARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # fn -> {(specs, options): Boundary}
+
+
+def boundary(fn, specs, options: dict, api: str) -> "Boundary":
+    """The Boundary of `fn` at `specs` with ft.compile's `options`, compiled once per process: ft.torch
+    and ft.jax functions of one function share it (and its pullback), unless an array the function
+    captured has changed since (then it is compiled again, as ft.compile would be). `api` names
+    the entry point in messages ("ft.torch.function")."""
+    specs = [_spec(s, k, api) for k, s in enumerate(specs)]
+    key = (tuple(map(str, specs)), repr(sorted(options.items())))
+    try:
+        known = _SHARED.setdefault(fn, {})
+    except TypeError:  # not weakly referable (a callable object): not shared
+        known = {}
+    found = known.get(key)
+    if found is None or any(c.changed() for c in found.forward.traced.captured):
+        found = known[key] = Boundary(fn, specs, options, api)
+    return found
+
+
 class Boundary:
-    """`fn` compiled from `specs` for calls from another framework (`api` names the entry point in
-    messages, e.g. "ft.torch.function"); `options` are ft.compile's keyword arguments (the pullback
-    gets those that do not name the forward's statements: schedule= and alternative= only as
-    "auto" / "original" / True / False, not as ISL schedules)."""
+    """`fn` compiled from `specs` (Specs) for calls from another framework; `options` are
+    ft.compile's keyword arguments (the pullback gets those that do not name the forward's
+    statements: schedule= and alternative= only as "auto" / "original" / True / False, not as ISL
+    schedules). `api` names the entry point in messages (its construction's: calls name theirs)."""
 
     def __init__(self, fn, specs, options: dict, api: str):
         from .program import compile as compile_program
-        self.fn, self.api = fn, api
-        self.specs = [_spec(s, k, api) for k, s in enumerate(specs)]
+        self.fn = fn
+        self.specs = specs
         self.options = options
         self.forward = compile_program(fn, *self.specs, **options)
         etdg = self.forward.etdg
@@ -71,30 +92,31 @@ class Boundary:
             else ""
         return f"{b.dtype} tensor [{', '.join(dims)}]{list_of}"
 
-    def check(self, args: list, dtype_of, what) -> dict:
+    def check(self, args: list, dtype_of, what, api: str) -> dict:
         """The lengths the arguments give ({name: int}), once every argument has the dtype, rank,
         element shape and list lengths of its input. `dtype_of(arg)`: its dtype as numpy names it
-        (None: not a tensor of this framework); `what(arg)`: how the framework writes it, for messages."""
+        (None: not a tensor of this framework); `what(arg)`: how the framework writes it, and `api`
+        the entry point, for messages."""
         if len(args) != len(self.inputs):
             raise InputError(f"{self.name} takes {len(self.inputs)} tensors ({', '.join(self.names)}), got "
-                             f"{len(args)}", op=self.api)
+                             f"{len(args)}", op=api)
         params = dict(self.sizes)
         for k, (arg, (dtype, ndim, element, dims)) in enumerate(zip(args, self._rules)):
             shape = getattr(arg, "shape", None)
             if dtype_of(arg) != dtype or len(shape) != ndim or tuple(shape[ndim - len(element):]) != element:
-                raise self._wrong(k, arg, what)
+                raise self._wrong(k, arg, what, api)
             for r, n in dims:
                 if isinstance(n, str):
                     if params.setdefault(n, shape[r]) != shape[r]:
                         raise InputError(f"argument {k} ({self.names[k]}) has {n} = {shape[r]} (dim {r} of "
-                                         f"{what(arg)}), where another argument has {n} = {params[n]}", op=self.api)
+                                         f"{what(arg)}), where another argument has {n} = {params[n]}", op=api)
                 elif n is not None and n != shape[r]:
-                    raise self._wrong(k, arg, what)
+                    raise self._wrong(k, arg, what, api)
         return params
 
-    def _wrong(self, k, arg, what) -> InputError:
+    def _wrong(self, k, arg, what, api) -> InputError:
         return InputError(f"argument {k} ({self.names[k]}) of {self.name} should be a {self.describe(k)}, got "
-                          f"{what(arg)}", op=self.api)
+                          f"{what(arg)}", op=api)
 
     def output_shapes(self, params: dict) -> list:
         """The outputs' array shapes for the lengths `params` (what `check` returned)."""

@@ -13,7 +13,9 @@ import jax
 import numpy as np
 
 from . import pytree
-from .interop import Boundary
+from .interop import boundary as shared
+
+API = "ft.jax.function"  # what messages name
 
 
 def function(fn, *specs, target: str = "c", **compile_options):
@@ -22,10 +24,10 @@ def function(fn, *specs, target: str = "c", **compile_options):
     first). It returns what `fn` returns, with JAX arrays for its tensors and lists; its gradient
     with respect to every float input is fn's pullback, compiled on first use with the same target.
     `compile_options` go to ft.compile (schedule= and alternative= to the forward only)."""
-    boundary = Boundary(fn, specs, dict(target=target, **compile_options), "ft.jax.function")
+    boundary = shared(fn, specs, dict(target=target, **compile_options), API)
 
     def outputs(args) -> list:
-        params = boundary.check(args, _dtype, _what)
+        params = boundary.check(args, _dtype, _what, API)
         return [jax.ShapeDtypeStruct(shape, b.dtype) for shape, b in zip(boundary.output_shapes(params),
                                                                         boundary.outputs)]
 

@@ -19,8 +19,9 @@ import re
 import torch
 
 from . import pytree
-from .interop import FLOATS, Boundary
+from .interop import FLOATS, Boundary, boundary
 
+API = "ft.torch.function"  # what messages name
 DTYPES = {torch.float16: "float16", torch.float32: "float32", torch.float64: "float64",
           torch.int32: "int32", torch.int64: "int64"}
 
@@ -32,7 +33,7 @@ def function(fn, *specs, target: str = "c", **compile_options) -> "Function":
     gradients flow to every float input (`loss.backward()`), computed by fn's pullback, compiled
     on the first backward with the same target. `compile_options` go to ft.compile (schedule=
     and alternative= to the forward only)."""
-    return Function(Boundary(fn, specs, dict(target=target, **compile_options), "ft.torch.function"))
+    return Function(boundary(fn, specs, dict(target=target, **compile_options), API))
 
 
 class Function:
@@ -77,7 +78,7 @@ def _what(t) -> str:
 
 def _arrays(boundary: Boundary, tensors) -> list:
     """The tensors' numpy views (no copy), once checked against the inputs."""
-    boundary.check(tensors, _dtype, _what)
+    boundary.check(tensors, _dtype, _what, API)
     return [t.detach().numpy() for t in tensors]
 
 
@@ -131,7 +132,7 @@ def _register(boundary: Boundary) -> tuple:
 
     @fwd.register_fake
     def _(*tensors):
-        params = boundary.check(tensors, _dtype, _what)
+        params = boundary.check(tensors, _dtype, _what, API)
         return [tensors[0].new_empty(shape, dtype=_TORCH[b.dtype])
                 for shape, b in zip(boundary.output_shapes(params), boundary.outputs)]
 

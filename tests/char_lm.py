@@ -26,7 +26,7 @@ TEXT = ("Alice was beginning to get very tired of sitting by her sister on the b
 CHARS = sorted(set(TEXT))
 IDS = np.array([CHARS.index(c) for c in TEXT], np.int64)
 D = 2  # layers
-GATES = list(stacked_lstm.TORCH_GATE)
+GATES = np.array(stacked_lstm.TORCH_GATE)  # indexes torch tensors and JAX arrays alike
 
 
 def top_layer(xss, wss, uss, bss):
@@ -88,15 +88,58 @@ def torch_models(H: int, seed: int = 0):
 
 
 def train_torch(model, steps: int, N: int, L: int, lr: float = 1e-2) -> list:
-    """The loss before each of `steps` Adam steps (cross-entropy of the next character)."""
+    """The loss before each of `steps` Adam steps (cross-entropy of the next character), on one
+    torch thread (the tensors are tiny: more threads only wait for each other on a busy machine)."""
     import torch
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     losses = []
-    for ids, targets in batches(steps, N, L):
-        logits = model(torch.from_numpy(ids))
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, len(CHARS)), torch.from_numpy(targets).reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for ids, targets in batches(steps, N, L):
+            logits = model(torch.from_numpy(ids))
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, len(CHARS)),
+                                                     torch.from_numpy(targets).reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    finally:
+        torch.set_num_threads(threads)
+    return losses
+
+
+def train_jax(state: dict, H: int, steps: int, N: int, L: int, lr: float = 1e-2) -> list:
+    """The same model in JAX with polyft's LSTM (ft.jax.function), from `state` (the torch
+    reference's state_dict as numpy arrays), trained by Adam written out (torch.optim.Adam's
+    update: bias-corrected moments, eps added to the root): the loss before each step."""
+    import jax
+    import jax.numpy as jnp
+    cell = ft.jax.function(top_layer, *specs(H), coarsen=False, alternative=False)
+
+    def loss_fn(p, ids, targets):
+        xss = p["embed.weight"][ids].reshape(N, L, 1, H)
+        wss = jnp.stack([p[f"lstm.weight_ih_l{d}"].reshape(4, H, H)[GATES].transpose(0, 2, 1) for d in range(D)])
+        uss = jnp.stack([p[f"lstm.weight_hh_l{d}"].reshape(4, H, H)[GATES].transpose(0, 2, 1) for d in range(D)])
+        bss = jnp.stack([(p[f"lstm.bias_ih_l{d}"] + p[f"lstm.bias_hh_l{d}"]).reshape(4, 1, H)[GATES] for d in range(D)])
+        logits = cell(xss, wss, uss, bss).reshape(N, L, H) @ p["readout.weight"].T + p["readout.bias"]
+        logp = jax.nn.log_softmax(logits)
+        return -jnp.take_along_axis(logp, targets[..., None], -1).mean()
+
+    @jax.jit
+    def step(p, m, v, t, ids, targets):
+        loss, g = jax.value_and_grad(loss_fn)(p, ids, targets)
+        m = jax.tree.map(lambda m, g: 0.9 * m + 0.1 * g, m, g)
+        v = jax.tree.map(lambda v, g: 0.999 * v + 0.001 * g * g, v, g)
+        p = jax.tree.map(lambda p, m, v: p - lr / (1 - 0.9 ** t) * m / (jnp.sqrt(v / (1 - 0.999 ** t)) + 1e-8),
+                         p, m, v)
+        return loss, p, m, v
+
+    params = {k: jnp.asarray(a) for k, a in state.items()}
+    m = jax.tree.map(jnp.zeros_like, params)
+    v = jax.tree.map(jnp.zeros_like, params)
+    losses = []
+    for t, (ids, targets) in enumerate(batches(steps, N, L), start=1):
+        loss, params, m, v = step(params, m, v, jnp.float32(t), ids, targets)
+        losses.append(float(loss))
     return losses

@@ -171,6 +171,20 @@ def test_under_torch_compile_without_a_graph_break(layer):
         assert rel_error(g.numpy(), e.numpy()) < 1e-12
 
 
+def test_one_compilation_per_function_and_specs(layer):
+    """Functions of one program share its compiled forward and pullback, unless a captured array changed."""
+    assert ft.torch.function(rnn, *SPECS).program is layer.program
+    w = np.ones((3, 2))
+
+    def project(x):
+        return x @ w
+    first = ft.torch.function(project, ft.spec("float64[1, 3]"))
+    w[0, 0] = 2.0
+    again = ft.torch.function(project, ft.spec("float64[1, 3]"))
+    assert again.program is not first.program
+    assert again(torch.ones(1, 3, dtype=torch.float64)).tolist() == [[4.0, 3.0]]
+
+
 def test_importing_polyft_imports_neither_torch_nor_jax():
     code = ("import sys, polyft as ft; ft.compile; "
             "assert 'torch' not in sys.modules and 'jax' not in sys.modules, sorted(sys.modules)")
