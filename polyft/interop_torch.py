@@ -1,11 +1,12 @@
 """`ft.torch.function`: a compiled polyft program as a function on torch tensors, differentiated by
 torch's autograd through polyft's compiled pullback (polyft/interop.py has the conventions).
 
-Eager calls go through a `torch.autograd.Function` (a few microseconds); under `torch.compile`
-the same forward and pullback run as two `torch.library` custom ops with fake (shape)
-implementations, so Dynamo puts the program in its graph without a graph break and AOTAutograd
-traces the backward through the pullback op. (The custom-op dispatch costs some 40 us a call
-in eager mode, more than the rest of the boundary, hence the two paths.)
+Eager calls where an input requires grad go through a `torch.autograd.Function` (others run the
+program directly, with no autograd node); under `torch.compile` the same forward and pullback run
+as two `torch.library` custom ops with fake (shape) implementations, so Dynamo puts the program in
+its graph without a graph break and AOTAutograd traces the backward through the pullback op. (A
+custom op's eager dispatch costs some 40 us a call, more than the rest of the boundary: hence the
+two paths.)
 
 Zero copy: a CPU tensor that is contiguous and of the input's dtype is read where it is (its
 numpy view); the outputs are torch tensors over the arrays the program wrote, which each call
@@ -56,8 +57,10 @@ class Function:
     def __call__(self, *tensors):
         if torch.compiler.is_compiling():
             outs = self.custom_ops[0](*tensors)
-        else:
+        elif torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
             outs = _Apply.apply(self.boundary, *tensors)
+        else:  # nothing to differentiate: no autograd node
+            outs = _forward(self.boundary, tensors)
         return pytree.unflatten(self.boundary.structure, outs)
 
     def __repr__(self):
@@ -76,10 +79,11 @@ def _what(t) -> str:
     return f"a {str(t.dtype).replace('torch.', '')} tensor {list(t.shape)}{where}"
 
 
-def _arrays(boundary: Boundary, tensors) -> list:
-    """The tensors' numpy views (no copy), once checked against the inputs."""
+def _forward(boundary: Boundary, tensors) -> list:
+    """The outputs as tensors over the program's arrays; the inputs read through their numpy views
+    (no copy), once checked."""
     boundary.check(tensors, _dtype, _what, API)
-    return [t.detach().numpy() for t in tensors]
+    return [torch.from_numpy(a) for a in boundary.run([t.detach().numpy() for t in tensors])]
 
 
 class _Apply(torch.autograd.Function):
@@ -87,7 +91,7 @@ class _Apply(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, boundary, *tensors):
-        outs = [torch.from_numpy(a) for a in boundary.run(_arrays(boundary, tensors))]
+        outs = _forward(boundary, tensors)
         ctx.boundary = boundary
         ctx.save_for_backward(*tensors)
         ctx.mark_non_differentiable(*[o for o, b in zip(outs, boundary.outputs) if b.dtype not in FLOATS])
@@ -119,7 +123,7 @@ def _register(boundary: Boundary) -> tuple:
     diff = boundary.differentiable
 
     def forward(*tensors):
-        return [torch.from_numpy(a) for a in boundary.run(_arrays(boundary, tensors))]
+        return _forward(boundary, tensors)
 
     def pullback(*tensors):
         n = len(boundary.inputs)
