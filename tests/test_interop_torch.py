@@ -120,6 +120,36 @@ def test_errors_name_the_torch_argument(layer):
         layer(x, w.T, u)
 
 
+def test_tensors_off_the_cpu_are_refused(layer):
+    x, w, u = inputs()
+    with pytest.raises(InputError, match=r"argument 1 \(w\) .* got a float64 tensor \[3, 4\] on meta \(the program "
+                                         r"reads CPU tensors: .cpu\(\) it\)"):
+        layer(x, w.to("meta"), u)
+
+
+def test_returned_inputs_and_constants_are_fresh_tensors():
+    table = np.arange(6.0).reshape(2, 3)
+
+    def f(x, w):
+        return w, table
+    g = ft.torch.function(f, ft.spec("float64[1, 3]"), ft.spec("float64[2, 3]"))
+    w = torch.ones(2, 3, dtype=torch.float64)
+    got_w, got_table = g(torch.ones(1, 3, dtype=torch.float64), w)
+    assert torch.equal(got_w, w) and got_w.data_ptr() != w.data_ptr()
+    assert got_table.tolist() == table.tolist() and not np.shares_memory(got_table.numpy(), table)
+
+
+def test_the_cuda_emulated_target_runs_forward_and_backward():
+    f = ft.torch.function(lambda xs: xs.map(lambda x: ft.tanh(x) * 2.0), ft.spec("[L]float32[1, 4]"),
+                          target="cuda-emulated")
+    x = torch.randn(3, 1, 4, requires_grad=True)
+    y = f(x)
+    (g,) = torch.autograd.grad((y * y).sum(), x)
+    e = 2.0 * torch.tanh(x)
+    (ge,) = torch.autograd.grad((e * e).sum(), x)
+    assert rel_error(y.detach().numpy(), e.detach().numpy()) < 1e-6 and rel_error(g.numpy(), ge.numpy()) < 1e-5
+
+
 def test_lengths_must_agree_between_arguments():
     def add(xs, ys):
         return ft.map(lambda x, y: x + y, xs, ys)
