@@ -137,8 +137,8 @@ def _register(boundary: Boundary) -> tuple:
     @fwd.register_fake
     def _(*tensors):
         params = boundary.check(tensors, _dtype, _what, API)
-        return [tensors[0].new_empty(shape, dtype=_TORCH[b.dtype])
-                for shape, b in zip(boundary.output_shapes(params), boundary.outputs)]
+        return [torch.empty(shape, dtype=_TORCH[b.dtype]) for shape, b in zip(boundary.output_shapes(params),
+                                                                              boundary.outputs)]
 
     @bwd.register_fake
     def _(*tensors):
