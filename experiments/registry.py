@@ -60,6 +60,13 @@ ARTEFACTS = {
                           "with the forward) and eager, torch.nn.LSTM's forward+backward and jax.grad of a "
                           "lax.scan LSTM on the CPU, with the program's memory (prog.memory) and, at small shapes, its "
                           "critical path."}),
+    "interop": Artefact("polyft.experiments.interop", "Calling compiled programs from torch and JAX (beyond the "
+                        "paper)", {
+        "interop.csv": "Microseconds per call of a compiled program alone (its native code; its call on numpy "
+                       "arrays) and through ft.torch.function (forward without and with autograd, backward through "
+                       "the compiled pullback) and ft.jax.function (jax.jit), for a one-element program and the "
+                       "character model's two-layer LSTM, with each boundary's cost over the program alone and the "
+                       "load average while measuring."}),
     "threads": Artefact("polyft.experiments.threads", "CPU threads that never hurt", {
         "threads.csv": "The generated C of every workload at Figure 7's quick shapes on one thread, on every "
                        "core and at its measured default, with the machine idle and with one core busy, and "

@@ -15,15 +15,22 @@ __version__ = "0.1.0"
 
 
 _DRIVER = ("analyze", "compile")  # polyft.program: islpy, cgen and the targets load on first use
+_INTEROP = {"torch": "interop_torch", "jax": "interop_jax"}  # ft.torch / ft.jax: torch and JAX are optional
 
 
 def __getattr__(name):
-    """PEP 562: `ft.analyze` and `ft.compile` come from the driver, imported on first use."""
+    """PEP 562: `ft.analyze` and `ft.compile` come from the driver, `ft.torch` and `ft.jax` from
+    the interop modules, each imported on first use (so `import polyft` imports neither torch nor JAX)."""
     if name in _DRIVER:
         from . import program
         return getattr(program, name)
+    if name in _INTEROP:
+        import importlib
+        module = importlib.import_module(f".{_INTEROP[name]}", __name__)
+        globals()[name] = module
+        return module
     raise AttributeError(f"module 'polyft' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted([*globals(), *_DRIVER])
+    return sorted([*globals(), *_DRIVER, *_INTEROP])

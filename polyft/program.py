@@ -238,13 +238,25 @@ class CompiledProgram(Program):
         return self.module.host
 
     def __call__(self, *inputs, **named):
-        values, given = self._checked(self._positional(inputs, named))
+        return self._result(self._storage_after(self._positional(inputs, named)))
+
+    def run_arrays(self, *inputs) -> list:
+        """The outputs as plain arrays, flat in the order of `etdg.outputs` (regular outputs:
+        `__call__` makes ragged ones lists). Every one is allocated by this call, never an input's
+        or a constant's memory nor an earlier call's, so a caller may hand it out without a copy
+        (ft.torch, ft.jax)."""
+        storage = self._storage_after(inputs)
+        return [_native_to(b.resolve().dtype, storage[b.resolve()]) for b in self.etdg.outputs]
+
+    def _storage_after(self, inputs) -> dict:
+        """{buffer: array} once the program has run on `inputs` (checked first)."""
+        values, given = self._checked(inputs)
 
         def call(variant):
             storage = self._allocated(values, given, variant.layout)
             variant.runtime([storage[b] for b in variant.layout.buffers], values)
             return storage
-        return self._result(self._on_schedule(values, call))
+        return self._on_schedule(values, call)
 
     def _on_schedule(self, values: dict, call):
         """`call(variant)` on this program's schedule, or on the one its schedule_choice picks."""
@@ -255,8 +267,7 @@ class CompiledProgram(Program):
 
     def _result(self, storage: dict):
         """The outputs, from the buffers the call ran on."""
-        return assemble_outputs(self.etdg, {b: a.astype(b.dtype) if a.dtype != b.dtype else a
-                                            for b, a in storage.items()})
+        return assemble_outputs(self.etdg, {b: _native_to(b.dtype, a) for b, a in storage.items()})
 
     def bind(self, *inputs, **named):
         """For timing: a zero-argument callable that runs the program on these inputs with
@@ -381,6 +392,11 @@ class _Inputs:
 
     def __init__(self, inputs):
         self.inputs, self.assumptions = inputs, []
+
+
+def _native_to(dtype: str, a: np.ndarray) -> np.ndarray:
+    """A buffer's array as its dtype, from the dtype the generated code stores it in (native_dtype)."""
+    return a.astype(dtype) if a.dtype != dtype else a
 
 
 def _allocate(b, shape) -> np.ndarray:
