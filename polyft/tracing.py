@@ -175,25 +175,55 @@ class Value:
                            "place; programs are functional: build the new value instead (ft.concat of slices, or "
                            "x * mask + value * (1 - mask) with a constant mask)", op="setitem")
 
+    _compared = None  # a comparison's mask: (its symbol, its operands described), for the message below
+
     def _no_control_flow(self, *_):
+        if self._compared is not None:
+            symbol, a, b = self._compared
+            raise TracerControlFlowError(
+                f"`{symbol}` compares {a} with {b}: the result is a 0/1 mask known only when the program runs, "
+                "so Python's if/while cannot branch on it; use ft.where(mask, a, b), multiply by the mask, "
+                "or ft.maximum / ft.minimum", op="control flow")
         raise TracerControlFlowError(
             f"Python control flow on a traced {self.dtype}{list(self.shape)} value: its contents are known "
-            "only when the program runs; use ft.maximum / ft.relu / arithmetic instead of if/while/bool()",
-            op="control flow")
+            "only when the program runs; use ft.where / ft.maximum / ft.relu / arithmetic instead of "
+            "if/while/bool()", op="control flow")
 
     __bool__ = __int__ = __float__ = __index__ = __iter__ = _no_control_flow
 
-    def _comparison(symbol):
+    def _comparison(name, symbol):
         def f(self, other):
-            raise TracerControlFlowError(
-                f"`{symbol}` compares a traced {self.dtype}{list(self.shape)} value with {describe_operand(other)}: "
-                "the result is known only when the program runs, so Python's if/while cannot branch on it; "
-                "use ft.maximum / ft.minimum / ft.relu / arithmetic instead", op="control flow")
+            if not isinstance(other, (Value, int, float, np.generic, np.ndarray)) or isinstance(other, bool):
+                return NotImplemented  # `x == None`, `x == "a"`: Python's identity comparison
+            mask = apply_op(name, (self, other), {})
+            mask._compared = (symbol, describe_operand(self), describe_operand(other))
+            return mask
+        f.__name__ = name
+        f.__doc__ = f"numpy's {name} as a 0/1 mask of the operands' dtype (compiled code has no bool type)."
         return f
 
-    __lt__, __le__, __gt__, __ge__ = _comparison("<"), _comparison("<="), _comparison(">"), _comparison(">=")
-    __eq__, __ne__ = _comparison("=="), _comparison("!=")
+    __lt__, __le__, __gt__, __ge__ = _comparison("less", "<"), _comparison("less_equal", "<="), \
+        _comparison("greater", ">"), _comparison("greater_equal", ">=")
+    __eq__, __ne__ = _comparison("equal", "=="), _comparison("not_equal", "!=")
     del _comparison
+
+    def _logical(name, swap=False):
+        def f(self, *other):
+            if np.dtype(self.dtype).kind != "f" or any(isinstance(o, Value) and np.dtype(o.dtype).kind != "f"
+                                                       for o in other):
+                raise errors.DTypeError(f"`&`, `|`, `^` and `~` on traced values are logical operations on 0/1 "
+                                        f"masks (a comparison's float result), not bitwise ones on "
+                                        f"{describe_operand(self)}; use ft.{name} for a logical operation on "
+                                        "integers", op=name)
+            args = (other[0], self) if swap else (self,) + other
+            return apply_op(name, args, {})
+        return f
+
+    __and__, __rand__ = _logical("logical_and"), _logical("logical_and", True)
+    __or__, __ror__ = _logical("logical_or"), _logical("logical_or", True)
+    __xor__, __rxor__ = _logical("logical_xor"), _logical("logical_xor", True)
+    __invert__ = _logical("logical_not")
+    del _logical
 
     def _reduction(name):
         def f(self, axis=None, keepdims=False):
@@ -239,7 +269,10 @@ class Value:
 _UFUNCS = {np.add: "add", np.subtract: "sub", np.multiply: "mul", np.true_divide: "truediv",
            np.negative: "neg", np.matmul: "matmul", np.tanh: "tanh", np.exp: "exp", np.log: "log",
            np.sqrt: "sqrt", np.maximum: "maximum", np.minimum: "minimum", np.power: "pow", np.absolute: "abs",
-           np.log1p: "log1p"}
+           np.log1p: "log1p", np.sin: "sin", np.cos: "cos", np.tan: "tan", np.sign: "sign", np.floor: "floor",
+           np.greater: "greater", np.less: "less", np.greater_equal: "greater_equal", np.less_equal: "less_equal",
+           np.equal: "equal", np.not_equal: "not_equal", np.logical_and: "logical_and", np.logical_or: "logical_or",
+           np.logical_xor: "logical_xor", np.logical_not: "logical_not"}
 # the table's operations that are Python operators or internal, not `ft.` functions
 _NOT_FT = {"add", "sub", "mul", "truediv", "neg", "getitem", "copy", "astype"}
 _FT_NAMES = {"amax": "max", "concatenate": "concat", "swapaxes": "transpose"}

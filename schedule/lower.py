@@ -19,8 +19,10 @@ from polyft.errors import ScheduleError
 from polyft.etdg import OpNode, access_maps
 from polyft.primitives import getitem_axes
 
-_IDENTITY_OPS = {"neg", "copy", "astype", "tanh", "sigmoid", "exp", "log", "sqrt", "relu"}
-_BROADCAST_OPS = {"add", "sub", "mul", "truediv", "maximum", "minimum"}
+_IDENTITY_OPS = {"neg", "copy", "astype", "tanh", "sigmoid", "exp", "log", "sqrt", "relu", "sin", "cos", "tan",
+                 "erf", "gelu", "rsqrt", "sign", "floor", "logical_not"}
+_BROADCAST_OPS = {"add", "sub", "mul", "truediv", "maximum", "minimum", "greater", "less", "greater_equal",
+                  "less_equal", "equal", "not_equal", "logical_and", "logical_or", "logical_xor"}
 
 
 def _names(prefix, n):
