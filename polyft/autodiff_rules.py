@@ -190,6 +190,7 @@ RULES = {
     "neg": _unary(lambda ct, o, x: -ct),
     "matmul": _matmul,
     "transpose": _unary(lambda ct, o, x: em.transpose(ct)),
+    "permute": lambda ct, out, prims, attrs: [em.transpose(ct, tuple(int(a) for a in np.argsort(attrs["axes"])))],
     "copy": _unary(lambda ct, o, x: ct),
     "astype": _astype,
     "reshape": _unary(lambda ct, o, x: _reshape(ct, _shape(x))),

@@ -274,7 +274,8 @@ _UFUNCS = {np.add: "add", np.subtract: "sub", np.multiply: "mul", np.true_divide
            np.equal: "equal", np.not_equal: "not_equal", np.logical_and: "logical_and", np.logical_or: "logical_or",
            np.logical_xor: "logical_xor", np.logical_not: "logical_not"}
 # the table's operations that are Python operators or internal, not `ft.` functions
-_NOT_FT = {"add", "sub", "mul", "truediv", "neg", "getitem", "copy", "astype"}
+_NOT_FT = {"add", "sub", "mul", "truediv", "neg", "getitem", "copy", "astype", "permute", "greater", "less",
+           "greater_equal", "less_equal", "equal", "not_equal"}
 _FT_NAMES = {"amax": "max", "concatenate": "concat", "swapaxes": "transpose"}
 
 
