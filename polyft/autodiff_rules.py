@@ -362,7 +362,7 @@ def _regroup(lists, flat):
         if not isinstance(xs, Zip):
             out.append(flat[k])
         else:
-            out.append(tuple(flat[k:k + n]) if xs.depth == 1 else Zip(flat[k:k + n], xs.depth - 1))
+            out.append(tuple(flat[k:k + n]) if xs.depth == 1 else Zip(flat[k:k + n], xs.depth - 1, element=True))
         k += n
     return out
 

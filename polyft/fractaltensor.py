@@ -157,13 +157,38 @@ class ListBase:
         """`ys[i] = xs[L-1-i]`."""
         return self[::-1]
 
-    def shifted_slide(self, window: int):
-        """Listing 4's window centred on every element (zeros past the ends): same length."""
+    def shifted_slide(self, window: int, dilation: int = 1):
+        """Listing 4's window centred on every element (zeros past the ends): same length; with a
+        dilation d, `ys[i][j] = xs[i + (j - window // 2) * d]`."""
         window = _as_int(window, "the window", "shifted_slide")
-        if window < 1 or window % 2 == 0:
-            raise WindowError(f"the window must be a positive odd size to be centred, got {window}",
-                              op="shifted_slide")
-        return self.window(window, 1, window // 2)
+        dilation = _as_int(dilation, "the dilation", "shifted_slide")
+        if window < 1 or window % 2 == 0 or dilation < 1:
+            raise WindowError(f"the window must be a positive odd size to be centred and the dilation positive, "
+                              f"got {window} and {dilation}", op="shifted_slide")
+        return self.window(window, 1, window // 2 * dilation, dilation)
+
+    def join(self, other):
+        """The lists one after the other along their outer dim (FractalTensor's join):
+        `zs[i] = xs[i]` for i < len(xs), `ys[i - len(xs)]` after; both of one depth and element type."""
+        if not isinstance(other, ListBase):
+            raise DepthError(f"joins two lists, got {self!r} and {describe_operand(other)}", op="join")
+        if isinstance(self, Zip) or isinstance(other, Zip):
+            if not (isinstance(self, Zip) and isinstance(other, Zip) and len(self.components) == len(other.components)
+                    and self.depth == other.depth):
+                raise DepthError(f"joins a zip with a zip of as many lists, got {self!r} and {other!r}", op="join")
+            return Zip([a.join(b) for a, b in zip(self.components, other.components)], self.depth)
+        if (self.depth, tuple(self.element_shape), str(self.dtype)) != \
+                (other.depth, tuple(other.element_shape), str(other.dtype)):
+            raise ShapeError(f"joins lists of one depth and element type, got {self.type_string} and "
+                             f"{other.type_string}", op="join")
+        if self._traced != other._traced:
+            raise AccessError(f"joins two lists of the program (its inputs and views of them), got {self!r} and "
+                              f"{other!r}; pass the other list as an input", op="join")
+        return self._join(other)
+
+    def _join(self, other):
+        raise AccessError(f"join of {self!r} is not supported (under ft.vjp: join the lists before differentiating, "
+                          "or pass them joined)", op="join")
 
     # -- arithmetic belongs to the elements ---------------------------------------------
     def _elementwise_only(symbol):
@@ -466,6 +491,9 @@ class FractalTensor(ListBase):
             return self._like([self._like([item] * n) for item in self._items], self._depth + 1)
         return self._like([self] * n, self._depth + 1)
 
+    def _join(self, other) -> "FractalTensor":
+        return self._like(self._items + list(other._items))
+
 
 def gather_indices(indices, length, list_type: str) -> np.ndarray:
     """Gather's indices as int64, checked: a 1-D sequence of any integer dtype, each in
@@ -564,8 +592,9 @@ class Zip(ListBase):
     `ft.product` (an element is a depth-1 Zip of pairs).
     """
 
-    def __init__(self, components, depth: int = 1):
+    def __init__(self, components, depth: int = 1, element: bool = False):
         self.components = tuple(components)
+        self._element = element  # an element of a deeper zip: unpacks into its lists (`__iter__`)
         check_lists(self.components, "zip")
         check_same_length(self.components, "zip")
         shallow = [c for c in self.components if c.depth < depth]
@@ -579,6 +608,15 @@ class Zip(ListBase):
 
     def __len__(self):
         return len(self.components[0])
+
+    def __iter__(self):
+        """A zip's tuples, one per position; but an element of a deeper zip (a window, chunk or
+        product row of zipped lists) unpacks into its lists, as FractalTensor's do: `wk, wv = win`
+        for a window `win` over `ft.zip(ks, vs)` gives the keys' and the values' windows, not the
+        window's first two pairs (`win[j]` is its j-th pair)."""
+        if self._element:
+            return iter(self.components)
+        return super().__iter__()
 
     @property
     def length(self):
@@ -594,7 +632,9 @@ class Zip(ListBase):
         if isinstance(index, slice):
             return self._each(self.depth, "__getitem__", index)
         parts = [c[index] for c in self.components]
-        return Zip(parts, self.depth - 1) if self.depth > 1 else tuple(parts)
+        if self.depth == 1:
+            return tuple(parts)
+        return Zip(parts, self.depth - 1, element=True)
 
     def window(self, size: int, stride: int = 1, padding=0, dilation: int = 1) -> "Zip":
         return self._each(self.depth + 1, "window", size, stride, padding, dilation)

@@ -650,6 +650,25 @@ class FTTracer(ListBase):
         inside.pieces += [p.substitute({}) for p in pad]
         return inside
 
+    def _join(self, other):
+        """Piecewise: position q reads xs[q] where q < n, ys[q - n] from n on (an access map over
+        the union of the parts' domains: a consumer reads both in place, nothing is copied)."""
+        n, m = self.lengths[0], other.lengths[0]
+        ragged_length(n, "join")
+        ragged_length(m, "join")
+        for a, b in zip(self.lengths[1:], other.lengths[1:]):
+            ragged_length(a, "join")
+            if a != b:
+                raise LengthMismatchError(f"joins lists whose inner lengths agree, got {self.type_string} and "
+                                          f"{other.type_string}", op="join")
+        q = self._new_place()
+        lengths, places = [n + m] + self.lengths[1:], [q] + self.places[1:]
+        first = self._reindex({self.places[0]: Aff.of(q)}, lengths, places, extra=(ge(Aff.of(n - 1), Aff.of(q)),))
+        env = {other.places[0]: Aff.of(q) - Aff.of(n), **dict(zip(other.places[1:], map(Aff.of, self.places[1:])))}
+        second = other._reindex(env, lengths, places, extra=(ge(Aff.of(q), Aff.of(n)),))
+        first.pieces += second.pieces
+        return first
+
     def strided_split(self, d: int):
         n = self.lengths[0]
         ragged_length(n, "strided_split")
@@ -1008,7 +1027,7 @@ def _element(src, pos: Aff):
     """The element at `pos`; a zip over several levels yields a zip one level shallower."""
     if isinstance(src, Zip):
         parts = [_element(c, pos) for c in src.components]
-        return Zip(parts, src.depth - 1) if src.depth > 1 else tuple(parts)
+        return Zip(parts, src.depth - 1, element=True) if src.depth > 1 else tuple(parts)
     return src._bind(pos)
 
 
