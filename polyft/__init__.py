@@ -2,7 +2,7 @@
 from . import errors
 from .affine import Length
 from .types import FTType, Spec, parse_type, spec
-from .fractaltensor import FractalTensor, Zip
+from .fractaltensor import FractalTensor, Zip, arange
 from .operators import map, reduce, foldl, foldr, scanl, scanr, zip, product
 from .elementmath import (tanh, sigmoid, exp, log, sqrt, relu, maximum, minimum, max, sum, mean,
                           softmax, concat, zeros, zeros_like, ones, full, matmul, transpose, log1p, softplus,

@@ -17,7 +17,7 @@ import numpy as np
 from . import pytree
 from .affine import Length
 from .errors import (AccessError, DepthError, DTypeError, IndexRangeError, LengthMismatchError,
-                     RaggedError, ShapeError, WindowError)
+                     RaggedError, ShapeError, TracerControlFlowError, WindowError)
 from .types import DTYPES, FTType, dtype_name
 
 
@@ -166,6 +166,17 @@ class ListBase:
             raise WindowError(f"the window must be a positive odd size to be centred and the dilation positive, "
                               f"got {window} and {dilation}", op="shifted_slide")
         return self.window(window, 1, window // 2 * dilation, dilation)
+
+    def enumerate(self, dtype: str = "float32"):
+        """`ft.zip(ft.arange(len(xs), dtype), xs)`: each element with its index as a 0-d value
+        (`for i, x` in a body: `ft.map(lambda ix: f(*ix), xs.enumerate())`); the length must be
+        concrete, as arange's."""
+        length = self.length
+        if not isinstance(length, int) and not getattr(length, "is_concrete", False):
+            raise TracerControlFlowError(f"the length {length} of {self!r} is symbolic; enumerate makes a list of "
+                                         "its indices and needs a concrete length (trace with concrete inputs)",
+                                         op="enumerate")
+        return Zip([arange(int(length) if isinstance(length, int) else length.const, dtype), self])
 
     def join(self, other):
         """The lists one after the other along their outer dim (FractalTensor's join):
@@ -659,3 +670,13 @@ class Zip(ListBase):
 
     def _repeat(self, n, inner: bool) -> "Zip":
         return self._each(self.depth + 1, "_repeat", n, inner)
+
+
+def arange(n: int, dtype: str = "float32") -> FractalTensor:
+    """The list [0, 1, ..., n - 1] of 0-d values (indices as values: positions, masks by index);
+    float32 by default, unlike numpy's int64, so that `x * i` keeps a float32 x float32. A constant
+    of the program when traced: n must be an int."""
+    n = _as_int(n, "the length of arange", "arange")
+    if n < 0:
+        raise WindowError(f"the length of arange must be >= 0, got {n}", op="arange")
+    return FractalTensor.from_numpy(np.arange(n).astype(check_dtype(dtype, "arange")), 1)

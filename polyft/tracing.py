@@ -88,6 +88,11 @@ class _TraceState:
 _TRACING = threading.local()  # .state: this thread's trace in progress; threads trace independently
 
 
+def tracing() -> bool:
+    """Whether this thread is tracing a program."""
+    return getattr(_TRACING, "state", None) is not None
+
+
 def _state() -> _TraceState:
     st = getattr(_TRACING, "state", None)
     if st is None:
