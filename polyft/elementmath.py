@@ -11,7 +11,7 @@ import numpy as np
 
 from . import recording, tracing
 from .errors import DepthError, ShapeError
-from .fractaltensor import FractalTensor, ListBase, check_dtype, is_traced
+from .fractaltensor import FractalTensor, ListBase, check_dtype, describe_operand, is_traced
 from .primitives import PRIMITIVES, fmt_shape, normalize_axis, permutation, reshaped, squeezed, unsqueezed
 
 
@@ -29,7 +29,7 @@ def _bind(name: str, args: tuple, attrs: dict):
 def _shape(x, name: str) -> tuple:
     """The static shape of a tensor operand; a list's elements are the tensors (a DepthError)."""
     if isinstance(x, ListBase):
-        raise DepthError(f"works on static-shape tensors, got the list {x!r}; apply it to each "
+        raise DepthError(f"works on static-shape tensors, got {describe_operand(x)}; apply it to each "
                          "element with ft.map", op=name)
     return tuple(x.shape) if hasattr(x, "shape") else np.shape(x)
 

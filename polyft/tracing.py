@@ -402,8 +402,8 @@ def _const_value(x, op="trace") -> Value:
         _state().capture(x)
         return Value(x.shape, x.dtype.name, const=x)
     if isinstance(x, ListBase):
-        raise DepthError(f"works on tensors, not on {describe_operand(x)}; apply it to each element with map",
-                         op=op)
+        raise DepthError(f"works on static-shape tensors, got {describe_operand(x)}; apply it to each element "
+                         "with ft.map", op=op)
     raise ReturnTypeError(f"expected a tensor, got {type(x).__name__}", op=op)
 
 
@@ -591,6 +591,11 @@ class FTTracer(ListBase):
         return IterDim("_", 0)
 
     def _slice(self, s: slice):
+        if any(isinstance(v, Value) for v in (s.start, s.stop, s.step)):
+            raise TracerControlFlowError(
+                f"a slice of {self.type_string} bounded by a traced value (xs[:i] over an index i): lengths that "
+                "depend on an enclosing index are not supported compiled; mask by index instead, e.g. "
+                "ft.map(lambda j, x: x * (j < i), ft.arange(n), xs)", op="slice")
         step = 1 if s.step is None else int(s.step)
         if step == 0:
             raise WindowError("slice step cannot be zero", op="slice")
@@ -635,9 +640,8 @@ class FTTracer(ListBase):
             for m in self.lengths[1:]:
                 ragged_length(m, "a padded window over the lists")
         if n.is_concrete and span > n.const + lo + hi:
-            raise WindowError(f"window of size {size}{f' dilated by {dilation}' if dilation > 1 else ''} is larger "
-                              f"than the list of length {n}" + (f" padded by {lo}+{hi}" if lo or hi else "")
-                              + f" ({self.type_string})", op="window")
+            raise WindowError(f"a window of size {size}{f' dilated by {dilation}' if dilation > 1 else ''} does not "
+                              f"fit the list {self.type_string} padded by ({lo}, {hi})", op="window")
         if not n.is_concrete:
             _state().assume(n + lo + hi - span, f"window({size})")
         w, j = self._new_place(), self._new_place()
@@ -1086,8 +1090,8 @@ def _copy(x):
 def _check_state(state, res, op):
     if pytree.structure(state) != pytree.structure(res) or any(
             _type_of(a) != _type_of(b) for a, b in zip(pytree.leaves(state), pytree.leaves(res))):
-        raise StateTypeError(f"the state's type changes: init is {_type_of(state)}, "
-                             f"the function returns {_type_of(res)}", op=op)
+        raise StateTypeError(f"the state has type {_type_of(state)} but the function returned {_type_of(res)}; "
+                             "the state's type must be the same at every step", op=op)
 
 
 def _lift_init(init, op):
