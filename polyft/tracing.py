@@ -109,7 +109,7 @@ class Value:
     """A static-shape tensor inside a traced program: an operation node or a constant."""
 
     __array_priority__ = 1000
-    __hash__ = object.__hash__  # by identity: `__eq__` only refuses Python comparisons
+    __hash__ = object.__hash__  # by identity: `__eq__` records a comparison (a mask), it answers no question
     _traced = True
 
     def __init__(self, shape, dtype, node: OpNode | None = None, block=None, const=None):

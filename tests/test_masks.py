@@ -6,6 +6,7 @@ import pytest
 
 import polyft as ft
 from polyft.errors import DTypeError
+from test_cuda import TARGETS as CUDA_TARGETS
 from polyft.testing import rel_error
 
 pytestmark = pytest.mark.usefixtures("compile_cache")
@@ -39,7 +40,7 @@ def expected(a, b):
     return [m.astype(np.float32) for m in out]
 
 
-@pytest.mark.parametrize("target", ["c", "cuda-emulated"])
+@pytest.mark.parametrize("target", ["c", *CUDA_TARGETS])
 def test_comparisons_and_logic_are_numpys_masks(target):
     xs, ys = pair(1)
     got = ft.compile(masks, *pair(2), target=target)(xs, ys)

@@ -2,9 +2,13 @@
 sign, floor, clip, mean, var, stack): eager against independent float64 references (numpy, scipy),
 compiled (C and cuda-emulated) against eager to 2 ulp in float32 with numpy's NaN, infinities and
 signed zeros, and each adjoint against central finite differences."""
+import shutil
+import subprocess
+
 import numpy as np
 import pytest
 import scipy.special
+from test_cuda import TARGETS as CUDA_TARGETS
 
 import polyft as ft
 from polyft.errors import ShapeError
@@ -106,7 +110,7 @@ def program(xs):
     return xs.map(body)
 
 
-@pytest.mark.parametrize("target", ["c", "cuda-emulated"])
+@pytest.mark.parametrize("target", ["c", *CUDA_TARGETS])
 def test_compiled_equals_eager_to_two_ulps_with_numpys_edge_cases(target):
     xs = ft.FractalTensor.from_numpy(data(5), 1)
     with np.errstate(all="ignore"):
@@ -120,6 +124,23 @@ def test_compiled_equals_eager_to_two_ulps_with_numpys_edge_cases(target):
             assert ulps(g, w).max() <= 2, (sorted(UNARY)[k], g.ravel()[np.argmax(ulps(g, w))])
         else:  # reductions in another order: relative error
             assert np.array_equal(np.isnan(g), np.isnan(w)) and rel_error(np.nan_to_num(g), np.nan_to_num(w)) < 1e-5
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed on this machine")
+def test_nvcc_compiles_the_new_functions_and_masks_for_sm80_and_sm90(tmp_path):
+    from polyft.emit.cuda_target import CudaTarget
+
+    def both(xs):
+        return xs.map(lambda t: program_body(t) + ((t > 0) & ~(t == 1.0) | (t <= -1)) * ft.sign(t))
+    prog = ft.analyze(both, ft.FractalTensor.from_numpy(data(9), 1))
+    (tmp_path / "k.cu").write_text(CudaTarget().generate(prog.model, prog.schedule).source)
+    r = subprocess.run(["nvcc", "-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90",
+                        "-c", str(tmp_path / "k.cu"), "-o", str(tmp_path / "k.o")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def program_body(t):
+    return sum((f(t) for f in UNARY.values()), ft.clip(t, -1.0, 1.0))
 
 
 def test_float64_compiles_with_the_double_functions():
