@@ -210,7 +210,7 @@ def concat(xs, axis: int = 0):
 
 def stack(xs, axis: int = 0):
     """numpy's stack: tensors of one shape joined along a new axis (a tuple/list, or a depth-1 list)."""
-    parts = tuple(xs) if isinstance(xs, (tuple, list)) or (isinstance(xs, FractalTensor) and xs.depth == 1) else (xs,)
+    parts = tuple(xs) if isinstance(xs, (tuple, list)) or (isinstance(xs, ListBase) and xs.depth == 1) else (xs,)
     if not parts:
         raise ShapeError("needs at least one tensor", op="stack")
     shapes = {_shape(x, "stack") for x in parts}

@@ -182,3 +182,13 @@ def test_sign_and_floor_have_zero_gradients():
     g = ft.vjp(lambda xs: xs.map(lambda t: ft.sign(t) * 2.0 + ft.floor(t) + t), x)[1](
         ft.FractalTensor.from_numpy(np.ones((3, 4)), 1))[0].to_numpy()
     np.testing.assert_array_equal(g, np.ones((3, 4)))
+
+
+def test_stack_of_a_list_of_concrete_length_compiles():
+    xss = ft.FractalTensor.from_numpy(data(10)[:2, :3, :2], 2)
+
+    def f(xss):
+        return xss.map(lambda xs: ft.stack(xs, axis=1))
+    want = np.stack([np.stack(list(row), axis=1) for row in xss.to_numpy()])
+    np.testing.assert_array_equal(f(xss).to_numpy(), want)
+    np.testing.assert_array_equal(ft.compile(f, xss, target="c")(xss).to_numpy(), want)
