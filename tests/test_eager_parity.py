@@ -7,7 +7,6 @@ import operator
 
 import numpy as np
 import pytest
-from helpers import flist
 
 import polyft as ft
 from polyft.errors import PolyftError

@@ -3,7 +3,7 @@
 (`wk, wv = win`, as FractalTensor's): eager against numpy, C and cuda-emulated against eager."""
 import numpy as np
 import pytest
-from helpers import assert_same, flist, rand
+from helpers import assert_same, flist
 from hypothesis import given, settings, strategies as st
 
 import polyft as ft

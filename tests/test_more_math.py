@@ -147,7 +147,8 @@ def test_float64_compiles_with_the_double_functions():
     x = data(7)[1:3].astype(np.float64)
     xs = ft.FractalTensor.from_numpy(x, 1)
     def f(xs):
-        return xs.map(lambda t: ft.sin(t) * ft.gelu(t) + ft.erf(t) - ft.rsqrt(ft.abs(t) + 1.0) + ft.floor(t) * ft.tan(t))
+        return xs.map(lambda t: ft.sin(t) * ft.gelu(t) + ft.erf(t) - ft.rsqrt(ft.abs(t) + 1.0)
+                      + ft.floor(t) * ft.tan(t))
     got = ft.compile(f, xs, target="c")(xs).to_numpy()
     assert got.dtype == np.float64 and rel_error(got, f(xs).to_numpy()) < 1e-13
 
