@@ -261,6 +261,17 @@ def access(xs, op: str, *args):
     return result
 
 
+def join(xs, ys):
+    """`xs.join(ys)` with either being differentiated; the cotangent splits where the parts meet."""
+    px, py = primal(xs), primal(ys)
+    tape = recording() or (xs if is_ad(xs) else ys).tape
+    result = wrap(px.join(py), tape)
+    n = _concrete_length(px, "join")
+    tape.record("join", [xs if is_ad(xs) else None, ys if is_ad(ys) else None], [result],
+                lambda cts: [cts[0][:n], cts[0][n:]])
+    return result
+
+
 def _concrete_length(p, op: str) -> int:
     length = p.length
     if isinstance(length, int):
@@ -724,3 +735,4 @@ def _reverse_segments(reverse, body, comps_p, checkpoints, init_p, structure, ct
 
 
 HANDLERS.update(compute=compute, access=access, rules=RULES)
+HANDLERS["join"] = join

@@ -14,7 +14,7 @@ import operator
 
 import numpy as np
 
-from . import pytree
+from . import pytree, recording
 from .affine import Length
 from .errors import (AccessError, DepthError, DTypeError, IndexRangeError, LengthMismatchError,
                      RaggedError, ShapeError, TracerControlFlowError, WindowError)
@@ -183,6 +183,8 @@ class ListBase:
         `zs[i] = xs[i]` for i < len(xs), `ys[i - len(xs)]` after; both of one depth and element type."""
         if not isinstance(other, ListBase):
             raise DepthError(f"joins two lists, got {self!r} and {describe_operand(other)}", op="join")
+        if getattr(self, "_ad", False) or getattr(other, "_ad", False):  # being differentiated (ft.vjp)
+            return recording.HANDLERS["join"](self, other)
         if isinstance(self, Zip) or isinstance(other, Zip):
             if not (isinstance(self, Zip) and isinstance(other, Zip) and len(self.components) == len(other.components)
                     and self.depth == other.depth):
@@ -198,8 +200,7 @@ class ListBase:
         return self._join(other)
 
     def _join(self, other):
-        raise AccessError(f"join of {self!r} is not supported (under ft.vjp: join the lists before differentiating, "
-                          "or pass them joined)", op="join")
+        raise NotImplementedError
 
     # -- arithmetic belongs to the elements ---------------------------------------------
     def _elementwise_only(symbol):

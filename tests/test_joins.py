@@ -139,3 +139,32 @@ def test_a_window_of_a_zip_still_indexes_its_pairs_and_a_zip_iterates_its_tuples
     k1, v1 = win[0]
     assert k1 is ks[1] and v1 is vs[1]
     assert [t[0] is ks[i] for i, t in enumerate(ft.zip(ks, vs))] == [True] * 4
+
+
+def test_the_gradient_of_a_join_splits_the_cotangent():
+    rng = np.random.default_rng(10)
+    x, y = rng.standard_normal((2, 1, 3)), rng.standard_normal((3, 1, 3))
+    w = rng.standard_normal((3, 3))
+
+    def f(xs, ys):
+        joined = xs.join(ys).join(xs[:1])
+        return joined.scanl(lambda s, v: ft.tanh(s @ w + v), np.zeros((1, 3)))
+
+    def loss(x, y):
+        return float(f(ft.FractalTensor.from_numpy(x, 1), ft.FractalTensor.from_numpy(y, 1)).to_numpy().sum())
+    xs, ys = ft.FractalTensor.from_numpy(x, 1), ft.FractalTensor.from_numpy(y, 1)
+    out, pullback = ft.vjp(f, xs, ys)
+    ones = ft.FractalTensor.from_numpy(np.ones((6, 1, 3)), 1)
+    gx, gy = (g.to_numpy() for g in pullback(ones))
+    eps = 1e-6
+    for arr, g, k in ((x, gx, 0), (y, gy, 1)):
+        fd = np.zeros_like(arr)
+        for idx in np.ndindex(arr.shape):
+            up, down = arr.copy(), arr.copy()
+            up[idx] += eps
+            down[idx] -= eps
+            args_up, args_down = ([up, y] if k == 0 else [x, up]), ([down, y] if k == 0 else [x, down])
+            fd[idx] = (loss(*args_up) - loss(*args_down)) / (2 * eps)
+        assert np.abs(g - fd).max() < 1e-6 * max(1.0, np.abs(fd).max())
+    compiled = ft.compile(pullback, ones, target="c")
+    np.testing.assert_allclose(compiled(ones)[0].to_numpy(), gx, rtol=1e-6)
