@@ -71,6 +71,25 @@ CASES = {
     "logsumexp": (lambda a: ft.logsumexp(a, axis=1), [_r(3, 4)]),
     "scatter_add": (lambda a: ft.scatter_add(a, IDS, 4), [_r(5, 3)]),
     "concat": (lambda a, b: ft.concat((a, b), axis=1), [_r(3, 4), _r(3, 2)]),
+    "sin": (ft.sin, [_r(3, 4)]),
+    "cos": (ft.cos, [_r(3, 4)]),
+    "tan": (ft.tan, [_r(3, 4) * 0.5]),
+    "erf": (ft.erf, [_r(3, 4)]),
+    "gelu": (ft.gelu, [_r(3, 4)]),
+    "rsqrt": (ft.rsqrt, [_r(3, 4, low="positive")]),
+    # piecewise constant: a zero gradient away from the steps (random operands are not on them)
+    "sign": (lambda a: ft.sign(a) * a, [_r(3, 4)]),
+    "floor": (lambda a: ft.floor(a * 3.0) + a, [_r(3, 4)]),
+    "greater": (lambda a, b: (a > b) * a, [_r(3, 4), _r(3, 4)]),
+    "less": (lambda a, b: (a < b) * b, [_r(3, 4), _r(3, 4)]),
+    "greater_equal": (lambda a, b: (a >= b) * (a - b), [_r(3, 4), _r(3, 4)]),
+    "less_equal": (lambda a, b: (a <= b) * (a + b), [_r(3, 4), _r(3, 4)]),
+    "equal": (lambda a, b: (a == b) + a * b, [_r(3, 4), _r(3, 4)]),
+    "not_equal": (lambda a, b: (a != b) * a * b, [_r(3, 4), _r(3, 4)]),
+    "logical_and": (lambda a, b: ft.logical_and(a > 0, b > 0) * a, [_r(3, 4), _r(3, 4)]),
+    "logical_or": (lambda a, b: ft.logical_or(a > 0, b > 0) * b, [_r(3, 4), _r(3, 4)]),
+    "logical_xor": (lambda a, b: ft.logical_xor(a > 0, b > 0) * a, [_r(3, 4), _r(3, 4)]),
+    "logical_not": (lambda a: ft.logical_not(a > 0) * a, [_r(3, 4)]),
 }
 # where the gradient is not defined: the call that must raise a DifferentiationError naming the op
 UNDIFFERENTIABLE = {
