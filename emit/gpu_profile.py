@@ -4,7 +4,7 @@ Everything in it comes from what the target generates and from the polyhedral mo
 from reading the generated code:
 
 * kernels: the block size and dynamic shared memory of the CudaModule; registers, spills,
-  stack and static shared memory from `nvcc -arch=sm_90 -cubin -Xptxas -v` on its source
+  stack and static shared memory from `nvcc -arch=sm_90 -cubin -Xptxas -v` on its source (emit.cubin)
   (None, with the reason, where nvcc is absent or fails); launches and grids per call by
   running the module's host driver with a launch callback that only records them.
 * buffers: where each lives (global memory, or a block's shared memory for those the module
@@ -21,13 +21,7 @@ from reading the generated code:
 """
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import re
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass, field
 
 import islpy as isl
@@ -36,10 +30,10 @@ import pandas as pd
 
 from polyft.deps.model import build
 from polyft.deps.traffic import count, model_code_traffic, tile_bytes
-from polyft.errors import PolyftError
+from polyft.errors import CompileError, PolyftError
 from polyft.schedule.storage import extents
 
-from . import runtime_c
+from . import cubin
 from .c_family import TILE, tiled_loops
 from .c_statements import instance_flops, native_dtype
 from .halves import DTYPES
@@ -66,7 +60,6 @@ ROOFLINE_ASSUMPTION = ("time = launches x launch_s + (steps - launches) x grid_s
 
 MOVES = ("load", "store")  # operations that move tiles and compute nothing
 ARCH = "sm_90"
-PTXAS_FLAGS = ["-cubin", "-O3", "-std=c++14", "-Xptxas", "-v"]
 
 
 @dataclass
@@ -198,28 +191,16 @@ _PTXAS = {"registers": r"Used (\d+) registers", "smem": r"(\d+) bytes smem", "st
 
 def ptxas(source: str, arch: str = ARCH) -> tuple:
     """(kernel name -> {registers, smem, stack, spill_stores, spill_loads}, None), or (None,
-    why) where nvcc is absent or fails. Cached on disk by the source's hash (nvcc takes
-    seconds per module)."""
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
+    why) where nvcc is absent or fails: ptxas' report of the cubin the runtime loads
+    (emit.cubin, cached on disk: nvcc takes seconds per module)."""
+    if cubin.nvcc() is None:
         return None, "nvcc is not on PATH"
-    key = hashlib.sha256("\0".join([source, arch, *PTXAS_FLAGS]).encode()).hexdigest()[:20]
-    cached = os.path.join(runtime_c.cache_dir(), f"ptxas_{key}.json")
     try:
-        with open(cached) as f:
-            return json.load(f), None
-    except (OSError, ValueError):
-        pass
-    with tempfile.TemporaryDirectory(prefix="polyft-ptxas-") as d:
-        src = os.path.join(d, "module.cu")
-        with open(src, "w") as f:
-            f.write(source)
-        r = subprocess.run([nvcc, f"-arch={arch}", *PTXAS_FLAGS, src, "-o", os.path.join(d, "module.cubin")],
-                           capture_output=True, text=True)
-    if r.returncode:
-        return None, f"nvcc failed: {(r.stderr or r.stdout).strip()[-500:]}"
+        _, report = cubin.build(source, arch)
+    except CompileError as e:
+        return None, f"nvcc failed: {str(e)[-500:]}"
     out, name = {}, None
-    for line in r.stderr.splitlines():
+    for line in report.splitlines():
         m = re.search(r"Function properties for (\w+)", line) or re.search(r"Compiling entry function '(\w+)'", line)
         if m:
             name = m.group(1)
@@ -229,10 +210,6 @@ def ptxas(source: str, arch: str = ARCH) -> tuple:
             m = re.search(pattern, line)
             if m and name is not None:
                 out[name][k] = int(m.group(1))
-    tmp = f"{cached}.{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(out, f)
-    os.replace(tmp, cached)  # atomic: concurrent profiles write equivalent files
     return out, None
 
 
