@@ -65,10 +65,12 @@ static int ft_register_arena(unsigned char* arena, size_t n) {
   return 0;
 }
 
+static long ft_grid_opened;  /* grid barriers passed, all launches (the profile's count is checked against it) */
 static void ft_wait(int group, long size) {
   if (++ft_arrived[group] == size) {  /* the last to arrive releases the others */
     ft_arrived[group] = 0;
     ft_generation[group]++;
+    ft_grid_opened += group == 0;
     return;
   }
   const int me = ft_self;

@@ -43,7 +43,7 @@ from .isl_ast import build_ast, call_loops, level, loop_key
 # cost of one kernel launch from the host (launch latency plus the host loop's turn)
 H100 = {"dram_bytes_per_s": 3.35e12, "tensor_flops_fp16": 989e12, "tensor_flops_tf32": 494e12,
         "fp32_flops": 67e12, "sms": 132, "l2_bytes": 50 * 2**20, "launch_s": 4e-6,
-        "grid_sync_s": 1e-6, "threads_per_sm": 2048, "registers_per_sm": 65536, "shared_per_sm": 228 * 1024,
+        "grid_sync_s": 3e-6, "threads_per_sm": 2048, "registers_per_sm": 65536, "shared_per_sm": 228 * 1024,
         "blocks_per_sm": 32}
 
 DRAM_ASSUMPTION = ("DRAM at least: the distinct elements of the inputs read and of the outputs "
@@ -51,9 +51,9 @@ DRAM_ASSUMPTION = ("DRAM at least: the distinct elements of the inputs read and 
                    "L2, its distinct elements written and read once each; an intermediate that fits "
                    "in the L2 and every repeated access are assumed L2 hits")
 
-ROOFLINE_ASSUMPTION = ("time = launches x launch_s + (steps - launches) x grid_sync_s + max(flops / peak, "
-                       "bytes / dram_bytes_per_s) / utilisation; steps: the schedule's sequential steps, each "
-                       "ending in a launch or a grid barrier; utilisation: the mean over launches of "
+ROOFLINE_ASSUMPTION = ("time = launches x launch_s + grid_barriers x grid_sync_s + max(flops / peak, "
+                       "bytes / dram_bytes_per_s) / utilisation; grid_barriers: those the kernel passes per call "
+                       "(counted on its control flow); utilisation: the mean over launches of "
                        "min(1, blocks / sms); matmul flops at the precision's tensor peak (fp32: fp32_flops), "
                        "others at fp32_flops; low: bytes = DRAM at least, high: bytes = the global bytes with "
                        "a batch's common loads shared, all from DRAM")
@@ -96,8 +96,8 @@ class GpuProfile:
                  "buffers (bytes per call to and from global memory; shared: a batch's common loads once):",
                  buffers.to_string(index=False), "",
                  "per call:",
-                 f"  launches {t.launches}, blocks per launch {t.blocks_min}-{t.blocks_max}, sequential steps "
-                 f"(grid barriers) {t.steps}",
+                 f"  launches {t.launches}, blocks per launch {t.blocks_min}-{t.blocks_max}, grid barriers "
+                 f"{t.grid_barriers}",
                  f"  global MB {mb(t.global_bytes)} per instance, {mb(t.shared_bytes)} with a batch's common loads "
                  f"shared; inputs+outputs MB {mb(t.io_bytes)}: ratio {t.global_ratio:.2f}, {t.shared_ratio:.2f} shared",
                  f"  DRAM MB at least {mb(t.dram_bytes)}: ratio {t.dram_ratio:.2f} to inputs+outputs",
@@ -137,13 +137,9 @@ def profile(module, model, schedule, sizes: dict, precision: str = "fp32", **ass
     kernels = pd.DataFrame(rows)
     on_chip = set(module.layout.local)
     concrete = model if all(p in model.sizes for p in model.params) else build(model.etdg, sizes)
-    statements, buffers = _traffic(concrete, module.layout, on_chip, batches(model, schedule), sizes,
+    statements, buffers = _traffic(concrete, module.layout, on_chip, batches(model, schedule, module.batch), sizes,
                                    dev["l2_bytes"])
-    steps = _steps(model, schedule)
-    if steps is None:
-        notes.append("grid barriers are not in the time: the sequential steps need a program built for these "
-                     "lengths (ft.analyze(..., sizes=...) or concrete inputs)")
-    totals = _totals(kernels, statements, buffers, grids, steps, dev, precision)
+    totals = _totals(kernels, statements, buffers, grids, grid_barriers(module, sizes), dev, precision)
     if len(kernels) == 1:  # the call's bytes and time are the kernel's
         for col in ("global_bytes", "dram_bytes", "flops", "time_low_us", "time_high_us"):
             kernels[col] = [totals[col]]
@@ -213,13 +209,16 @@ def ptxas(source: str, arch: str = ARCH) -> tuple:
     return out, None
 
 
-def batches(model, schedule) -> dict:
+def batches(model, schedule, width: int | None) -> dict:
     """statement name -> (dim position, first iteration, instances per batch) for the
     statements the CUDA target runs a batch of instances at a time: those under the loop
-    c_family.tiled_loops picks (at most TILE instances of it per block and call, counted from
-    its lower bound; a bound that is not a constant leaves the statement out)."""
+    c_family.tiled_loops picks for the module's batch `width` (CudaModule.batch: at most that
+    many instances of it per block and call, counted from its lower bound; a bound that is not
+    a constant leaves the statement out); none where the module batches nothing."""
+    if not width:
+        return {}
     ast = build_ast(schedule.map, model.context)  # as the target builds it
-    tiles = tiled_loops(model.etdg, ast, schedule.parallel, TILE)
+    tiles = tiled_loops(model.etdg, ast, schedule.parallel, width)
     out = {}
     for name, loops in call_loops(ast):
         for lp in loops:
@@ -313,13 +312,15 @@ def _traffic(model, layout, on_chip: set, batched: dict, sizes: dict, l2_bytes: 
     return st, pd.DataFrame(rows)
 
 
-def _steps(model, schedule) -> int | None:
-    """The schedule's sequential steps (None where it was built without the lengths:
-    schedule.sequential_steps needs them)."""
-    return schedule.sequential_steps if all(p in model.sizes for p in model.params) else None
+def grid_barriers(module, sizes: dict) -> int:
+    """The grid barriers one call of the module passes at `sizes` (its `barriers`, from the
+    kernel's own control flow; the emulator's count is checked against it in the tests)."""
+    namespace: dict = {}
+    exec(compile(module.barriers, "<polyft grid barriers>", "exec"), namespace)
+    return namespace["barriers"](*[sizes[p] for p in module.params])
 
 
-def _totals(kernels, statements, buffers, grids, steps, dev: dict, precision: str) -> pd.Series:
+def _totals(kernels, statements, buffers, grids, barriers, dev: dict, precision: str) -> pd.Series:
     io = int(buffers.full_bytes[buffers.role.isin(["input", "output"])].sum())
     read, written = int(buffers.global_read_bytes.sum()), int(buffers.global_written_bytes.sum())
     shared = int(buffers.shared_read_bytes.sum()) + written
@@ -329,7 +330,7 @@ def _totals(kernels, statements, buffers, grids, steps, dev: dict, precision: st
     compute = mm / peak + (flops - mm) / dev["fp32_flops"]
     blocks = [b for _, b, _ in grids if b is not None]
     util = float(np.mean([min(1.0, b / dev["sms"]) for b in blocks])) if blocks else 1.0
-    overhead = len(grids) * dev["launch_s"] + max(0, (steps or 0) - len(grids)) * dev["grid_sync_s"]
+    overhead = len(grids) * dev["launch_s"] + barriers * dev["grid_sync_s"]
     regs = [r for r in kernels.registers if r is not None]
     spills = [s for s in list(kernels.spill_stores) + list(kernels.spill_loads) if s is not None]
     return pd.Series(dtype=object, data=dict(
@@ -339,6 +340,6 @@ def _totals(kernels, statements, buffers, grids, steps, dev: dict, precision: st
         global_ratio=(read + written) / io if io else float("nan"), dram_bytes=dram,
         dram_ratio=dram / io if io else float("nan"), flops=flops, matmul_flops=mm,
         registers_max=max(regs) if regs else None, spill_bytes=sum(spills) if spills else None,
-        utilisation=util, steps=steps,
+        utilisation=util, grid_barriers=barriers,
         time_low_us=1e6 * (overhead + max(compute, dram / dev["dram_bytes_per_s"]) / util),
         time_high_us=1e6 * (overhead + max(compute, shared / dev["dram_bytes_per_s"]) / util)))

@@ -104,6 +104,7 @@ class EmulatedBackend(Backend):
                             f"polyft_k{k}({args}); }}\n"
                             f'extern "C" int polyft_emulate_k{k}(const long* a, long gx, long gy) '
                             f"{{ return ft_launch(ft_trampoline_k{k}, (void*)a, gx, gy, FT_THREADS); }}")
+        wrappers.append('extern "C" long polyft_grid_barriers(void) { return ft_grid_opened; }')
         text = "#define FT_EMULATED\n" + EMULATOR + source + "\n".join(wrappers) + "\n"
         _, self._lib = runtime_c.load(text, self.flags, cc=cxx)
         self._kernels = []
@@ -112,6 +113,13 @@ class EmulatedBackend(Backend):
             fn.argtypes = [ctypes.POINTER(ctypes.c_long), ctypes.c_long, ctypes.c_long]
             fn.restype = ctypes.c_int
             self._kernels.append(fn)
+
+    @property
+    def grid_barriers(self) -> int:
+        """Grid barriers the launches so far have passed."""
+        fn = self._lib.polyft_grid_barriers
+        fn.restype = ctypes.c_long
+        return fn()
 
     def upload(self, arr: np.ndarray):
         return arr, arr.ctypes.data
