@@ -2,7 +2,8 @@
 loads it (emit/runtime_cuda.py) and the GPU profile reads ptxas' report of it
 (emit/gpu_profile.py), so one compile serves both, and a GPU session runs on cubins compiled
 beforehand on a machine without a GPU (scripts/gpu_session.sh --rehearse: its cache travels
-with the run, POLYFT_CACHE pointing at it).
+with the run). Cubins live in $POLYFT_CUBIN_CACHE where that is set (the session's carried
+folder, whatever compile cache a test sets), else in the compile cache (POLYFT_CACHE).
 
 A cubin is keyed by the source, the architecture, the flags and nvcc's release (major.minor):
 machine code for sm_90 from the same release runs on any driver that release supports. A
@@ -24,6 +25,7 @@ from . import runtime_c, tool
 
 FLAGS = ("-cubin", "-O3", "-std=c++14", "-Xptxas", "-v")
 LOG = "POLYFT_CUBIN_LOG"
+CACHE = "POLYFT_CUBIN_CACHE"
 
 
 def nvcc() -> str | None:
@@ -48,7 +50,10 @@ def paths(source: str, arch: str) -> tuple:
     if path is None:
         raise CompileError("the CUDA target needs nvcc on PATH to compile its kernels", op="compile", where="nvcc")
     key = hashlib.sha256("\0".join([source, arch, release(path), *FLAGS]).encode()).hexdigest()[:24]
-    stem = os.path.join(runtime_c.cache_dir(), f"cubin_{arch}_{key}")
+    folder = os.environ.get(CACHE)
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+    stem = os.path.join(folder or runtime_c.cache_dir(), f"cubin_{arch}_{key}")
     return stem + ".cubin", stem + ".ptxas"
 
 

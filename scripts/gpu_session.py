@@ -298,7 +298,7 @@ class Session:
 
     def cubins(self):
         """Every module of the GPU tests and the benchmark compiled into .gpu-cache."""
-        self.env["POLYFT_CACHE"] = os.path.join(CACHE, "polyft")
+        self.env["POLYFT_CUBIN_CACHE"] = os.path.join(CACHE, "cubins")
         self.env["POLYFT_CUBIN_LOG"] = os.path.join(STATE, "cubins-compiled.txt")
         self.run([self.python, "-m", "polyft.experiments.gpu_modules", "prepare", "--preset", self.args.preset,
                   "--arch", self.args.arch, "-j", str(self.args.jobs)], log="cubins.log")
