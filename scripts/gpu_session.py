@@ -75,10 +75,11 @@ class Session:
         t = time.monotonic()
         try:
             status = fn() or "ok"
-        except Failed as e:
+        except Exception as e:  # a bug or a surprise of the machine's: reported like a failure
             self.report.append((name, time.monotonic() - t, "FAILED"))
-            self.say(f"-- {name}: FAILED after {time.monotonic() - t:.1f} s: {e}")
-            raise
+            self.say(f"-- {name}: FAILED after {time.monotonic() - t:.1f} s: "
+                     f"{e if isinstance(e, Failed) else repr(e)}")
+            raise Failed(str(e)) from None
         self.report.append((name, time.monotonic() - t, status))
         self.say(f"-- {name}: {status} in {time.monotonic() - t:.1f} s")
 
@@ -120,22 +121,27 @@ class Session:
         self.cuda_inc = next((d for d in includes if os.path.exists(os.path.join(d, "cuda.h"))), None)
         if self.cuda_inc is None:
             missing.append(f"cuda.h (looked in {', '.join(dict.fromkeys(includes))})")
-        self.release = re.search(r"release (\d+\.\d+)", subprocess.run([nvcc, "--version"], capture_output=True,
-                                                                     text=True).stdout).group(1)
+        version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+        release = re.search(r"release (\d+\.\d+)", version)
+        if release is None:
+            raise Failed(f"`nvcc --version` names no release: {version[-500:]!r}")
+        self.release = release.group(1)
         py = subprocess.run([self.python, "-c", "import sys, sysconfig; print(sysconfig.get_paths()['include']); "
                              "print('%d%d' % sys.version_info[:2]); print(sys.version.split()[0])"],
                             capture_output=True, text=True)
         if py.returncode != 0:
             raise Failed(f"{self.python} does not run: {py.stderr[-500:]}")
-        py_inc, self.pytag, pyver = py.stdout.split()
+        py_inc, self.pytag, pyver = py.stdout.splitlines()[:3]
         if not os.path.exists(os.path.join(py_inc, "Python.h")):
-            missing.append(f"Python.h for {self.python} {pyver} (looked in {py_inc}; install python{pyver[:4]}-dev)")
+            minor = ".".join(pyver.split(".")[:2])
+            missing.append(f"Python.h for {self.python} {pyver} (looked in {py_inc}; install python{minor}-dev)")
         libdirs = [os.path.realpath(d) for d in re.findall(r'-L"?([^"\s]+)', var.get("LIBRARIES", ""))]
         libdirs += [os.path.join(self.cuda_root, d) for d in ("lib64", "lib", "lib64/stubs", "lib/stubs")]
         libdirs += ["/usr/local/nvidia/lib64", "/usr/local/nvidia/lib", "/usr/lib/x86_64-linux-gnu", "/usr/lib64"]
         libdirs += [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
-        ldconfig = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout \
-            if shutil.which("ldconfig") or os.path.exists("/sbin/ldconfig") else ""
+        ldc = shutil.which("ldconfig") or next((p for p in ("/sbin/ldconfig", "/usr/sbin/ldconfig")
+                                                if os.path.exists(p)), None)
+        ldconfig = subprocess.run([ldc, "-p"], capture_output=True, text=True).stdout if ldc else ""
         found = [os.path.join(d, n) for d in dict.fromkeys(libdirs) for n in ("libcuda.so", "libcuda.so.1")
                  if os.path.exists(os.path.join(d, n))]
         found += re.findall(r"libcuda\.so(?:\.1)? .*=> (\S+)", ldconfig)
