@@ -40,6 +40,9 @@ CACHE = os.path.join(ROOT, ".gpu-cache")  # made by a rehearsal, carried: cubins
 WHEELS = os.path.join(ROOT, ".whl")
 PINS = os.path.join(ROOT, "scripts", "gpu_pins.txt")
 NO_DEVICE = 100  # CUDA_ERROR_NO_DEVICE: what the rehearsal's stub libcuda answers
+# the stub's functions that must answer through their pointers (PyCUDA reports an error with them)
+STUB_SPECIAL = {n: f'int {n}(int e, const char** s) {{ *s = "no CUDA device (polyft\'s stub libcuda: no driver here)"; '
+                   'return 0; }\n' for n in ("cuGetErrorString", "cuGetErrorName")}
 RESERVE_S = 10  # kept at the end for the summary
 MIN_S = {"tests": 90, "sanitize": 60}  # less left than this: the stage is dropped
 
@@ -260,22 +263,30 @@ class Session:
             raise Failed("setup.py build exited with 0 but left no pycuda/_driver*.so:\n" + self.tail("pycuda-build.log"))
         shutil.rmtree(target, ignore_errors=True)
         shutil.copytree(built[0], target)
+        if self.libcuda is None:  # the stub gains what the build calls beyond the headers
+            self._stub(lib)
         if self.rehearse:  # what a later rehearsal or GPU run with this Python and CUDA can reuse
             shutil.rmtree(os.path.dirname(carried), ignore_errors=True)
             shutil.copytree(built[0], carried)
         return f"built ({_size(target)})"
 
     def _stub(self, lib: str) -> None:
-        """libcuda.so (soname libcuda.so.1) defining every function cuda.h declares, each
-        answering CUDA_ERROR_NO_DEVICE: PyCUDA links and imports against it without a driver."""
-        pre = subprocess.run(["gcc", "-E", "-P", "-x", "c", f"-I{self.cuda_inc}", "-"], input="#include <cuda.h>\n",
-                             capture_output=True, text=True)
+        """libcuda.so (soname libcuda.so.1) defining every function cuda.h and cudaProfiler.h
+        declare, and every cu* function a PyCUDA built here calls, each answering
+        CUDA_ERROR_NO_DEVICE: PyCUDA links and imports against it without a driver."""
+        headers = [h for h in ("cuda.h", "cudaProfiler.h") if os.path.exists(os.path.join(self.cuda_inc, h))]
+        pre = subprocess.run(["gcc", "-E", "-P", "-x", "c", f"-I{self.cuda_inc}", "-"],
+                             input="".join(f"#include <{h}>\n" for h in headers), capture_output=True, text=True)
         if pre.returncode != 0:
-            raise Failed(f"gcc cannot preprocess cuda.h: {pre.stderr[-1000:]}")
-        names = sorted(set(re.findall(r"\bCUresult\s+(cu\w+)\s*\(", pre.stdout)))
+            raise Failed(f"gcc cannot preprocess {' and '.join(headers)}: {pre.stderr[-1000:]}")
+        names = set(re.findall(r"\bCUresult\s+(cu\w+)\s*\(", pre.stdout))
+        for so in glob.glob(os.path.join(self.site, "pycuda", "_driver*.so")):  # a build to import
+            nm = subprocess.run(["nm", "-D", "--undefined-only", so], capture_output=True, text=True).stdout
+            names |= set(re.findall(r"\bU (cu[A-Z]\w*)", nm))
+        names = sorted(names)
         c = os.path.join(lib, "stub.c")
         with open(c, "w") as f:
-            f.write("".join(f"int {n}(void) {{ return {NO_DEVICE}; }}\n" for n in names))
+            f.write("".join(STUB_SPECIAL.get(n, f"int {n}(void) {{ return {NO_DEVICE}; }}\n") for n in names))
         self.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", c, "-o", os.path.join(lib, "libcuda.so")],
                  log="pycuda-build.log")
         link = os.path.join(lib, "libcuda.so.1")
