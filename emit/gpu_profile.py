@@ -34,7 +34,7 @@ from polyft.errors import CompileError, PolyftError
 from polyft.schedule.storage import extents
 
 from . import cubin
-from .c_family import TILE, tiled_loops
+from .c_family import tiled_loops
 from .c_statements import instance_flops, native_dtype
 from .halves import DTYPES
 from .isl_ast import build_ast, call_loops, level, loop_key

@@ -58,7 +58,8 @@ def sanitized_programs():
     """The small shapes the session runs under compute-sanitizer (racecheck, synccheck): one
     recurrent network with a wavefront and grid barriers, one attention on tensor cores."""
     yield "stacked_lstm", WORKLOADS["stacked_lstm"].inputs("small", seed=3), "fp32"
-    yield "flash_attention", WORKLOADS["flash_attention"].inputs("small", seed=3, **TENSOR_CORE_SIZES["flash_attention"]), "fp16"
+    attention = WORKLOADS["flash_attention"].inputs("small", seed=3, **TENSOR_CORE_SIZES["flash_attention"])
+    yield "flash_attention", attention, "fp16"
 
 
 def bench_programs(preset: str):
@@ -78,9 +79,9 @@ def source(workload: str, args, schedule: str, precision: str) -> str:
 
 def programs(preset: str) -> list:
     """Every module of the GPU tests, the smoke and sanitizer runs, and the benchmark at `preset`."""
-    return [*test_programs(), *((f"{why} {name} {precision}", name, inputs, "auto", precision) for why, (name, inputs, precision)
-                                in [("smoke", SMOKE), *(("sanitize", p) for p in sanitized_programs())]),
-            *bench_programs(preset)]
+    runs = [("smoke", SMOKE), *(("sanitize", p) for p in sanitized_programs())]
+    return [*test_programs(), *((f"{why} {name} {precision}", name, inputs, "auto", precision)
+                                for why, (name, inputs, precision) in runs), *bench_programs(preset)]
 
 
 def _build(job):

@@ -8,7 +8,7 @@ since it runs before polyft's dependencies are installed).
 Stages, each printed with its start, its time and what is left of the budget (--budget, 420 s):
 locate (the CUDA root from nvcc's own answer; cuda.h, Python.h, libcuda; says what is missing),
 pins (the carried files' sha256 against scripts/gpu_pins.txt), install (the wheels and cgen
-into .gpu-session/site, polyft itself), pycuda (built from its sdist with curand off, linked
+into .gpu-session/site-cp<version>, polyft itself), pycuda (built from its sdist with curand off, linked
 against the driver's libcuda or a stub; the whole log kept, the exit status checked; a build
 carried in .gpu-cache for this Python and CUDA is used instead when it imports), import,
 cubins (every module of the GPU tests and benchmark compiled into .gpu-cache, which the run
@@ -61,7 +61,7 @@ class Session:
         self.log = open(os.path.join(self.out, "session.log"), "a")
         self.report, self.env = [], dict(os.environ)
         self.python = args.python
-        self.site = os.path.join(STATE, "site")
+        self.site = None  # .gpu-session/site-cp<version>: set once the Python is known
 
     # -- bookkeeping --------------------------------------------------------------------------
     def left(self) -> float:
@@ -135,6 +135,7 @@ class Session:
         if py.returncode != 0:
             raise Failed(f"{self.python} does not run: {py.stderr[-500:]}")
         py_inc, self.pytag, pyver = py.stdout.splitlines()[:3]
+        self.site = os.path.join(STATE, f"site-cp{self.pytag}")
         if not os.path.exists(os.path.join(py_inc, "Python.h")):
             minor = ".".join(pyver.split(".")[:2])
             missing.append(f"Python.h for {self.python} {pyver} (looked in {py_inc}; install python{minor}-dev)")
@@ -189,7 +190,7 @@ class Session:
         return f"ok: {len(self.pinned)} files"
 
     def install(self):
-        """The wheels and cgen's package into .gpu-session/site, on PYTHONPATH from now on;
+        """The wheels and cgen's package into .gpu-session/site-cp<version>, on PYTHONPATH from now on;
         polyft itself (editable) where the Python does not import it from this tree."""
         self.env["PYTHONPATH"] = os.pathsep.join(p for p in (self.site, self.env.get("PYTHONPATH")) if p)
         self.env["PYTHONUNBUFFERED"] = "1"
@@ -225,7 +226,7 @@ class Session:
         return done + ", cgen unpacked"
 
     def pycuda(self):
-        """PyCUDA from its sdist against this CUDA, into .gpu-session/site (or a carried build)."""
+        """PyCUDA from its sdist against this CUDA, into .gpu-session/site-cp<version> (or a carried build)."""
         tag = f"cp{self.pytag}-cuda{self.release}"
         carried = os.path.join(CACHE, f"pycuda-{tag}", "pycuda")
         target = os.path.join(self.site, "pycuda")
@@ -246,7 +247,7 @@ class Session:
             if os.path.lexists(link):
                 os.remove(link)
             os.symlink(self.libcuda, link)
-        build = os.path.join(STATE, "build")
+        build = os.path.join(STATE, f"build-cp{self.pytag}")
         shutil.rmtree(build, ignore_errors=True)
         os.makedirs(build)
         sdist = next(p for p in self.pinned if os.path.basename(p).startswith("pycuda-"))
@@ -260,7 +261,8 @@ class Session:
         self.run([self.python, "setup.py", "build", "-j", str(os.cpu_count() or 1)], log="pycuda-build.log", cwd=src)
         built = glob.glob(os.path.join(src, "build", "lib*", "pycuda"))
         if not built or not glob.glob(os.path.join(built[0], "_driver*.so")):
-            raise Failed("setup.py build exited with 0 but left no pycuda/_driver*.so:\n" + self.tail("pycuda-build.log"))
+            raise Failed("setup.py build exited with 0 but left no pycuda/_driver*.so:\n"
+                         + self.tail("pycuda-build.log"))
         shutil.rmtree(target, ignore_errors=True)
         shutil.copytree(built[0], target)
         if self.libcuda is None:  # the stub gains what the build calls beyond the headers
@@ -304,7 +306,8 @@ class Session:
             p = self.run([self.python, "-c", "import pycuda.driver as d\ntry:\n    d.init()\nexcept d.Error as e:\n"
                           "    print('no device:', e)\nelse:\n    raise SystemExit('cuInit succeeded without a GPU')"])
             return p.stdout.strip()
-        p = self.run([self.python, "-c", "import pycuda.autoprimaryctx, pycuda.driver as d; dev = d.Context.get_device(); "
+        p = self.run([self.python, "-c", "import pycuda.autoprimaryctx, pycuda.driver as d; "
+                      "dev = d.Context.get_device(); "
                       "print(dev.name(), 'sm_%d%d' % dev.compute_capability(), 'driver', d.get_driver_version(), "
                       "'pycuda', d.get_version())"])
         if shutil.which("nvidia-smi"):

@@ -114,8 +114,8 @@ def test_rehearsal_reaches_the_first_launch_and_reports_its_stages(tmp_path):
     module's cubin compiled (takes minutes: the PyCUDA build)."""
     subprocess.run(["bash", "scripts/fetch_gpu_wheels.sh"], cwd=ROOT, check=True, capture_output=True)
     env = dict(os.environ, PYTHON=sys.executable, OUT=str(tmp_path))
-    r = subprocess.run(["bash", "scripts/gpu_session.sh", "--rehearse", "--fresh", "--preset", "quick"], cwd=ROOT, env=env,
-                       capture_output=True, text=True)
+    r = subprocess.run(["bash", "scripts/gpu_session.sh", "--rehearse", "--fresh", "--preset", "quick"], cwd=ROOT,
+                       env=env, capture_output=True, text=True)
     log = (tmp_path / "session.log").read_text()
     assert r.returncode == 0, log + r.stderr[-3000:]
     for stage in ("locate", "pins", "install", "pycuda", "import", "cubins"):
