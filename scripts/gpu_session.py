@@ -190,19 +190,21 @@ class Session:
         return f"ok: {len(self.pinned)} files"
 
     def install(self):
-        """The wheels and cgen's package into .gpu-session/site-cp<version>, on PYTHONPATH from now on;
-        polyft itself (editable) where the Python does not import it from this tree."""
+        """The wheels and cgen's package into .gpu-session/site-cp<version>, on PYTHONPATH from
+        now on (a rehearsal with another Python than 3.12 only checks them); polyft itself
+        (editable) where the Python does not import it from this tree."""
         self.env["PYTHONPATH"] = os.pathsep.join(p for p in (self.site, self.env.get("PYTHONPATH")) if p)
         self.env["PYTHONUNBUFFERED"] = "1"
         wheels = [p for p in self.pinned if p.endswith(".whl")]
-        if self.rehearse:  # the wheels are for the GPU machine's Python 3.12: checked, not installed here
-            for w in wheels:
-                with zipfile.ZipFile(w) as z:
-                    if z.testzip() is not None:
-                        raise Failed(f"{w} is corrupt")
-                if not re.search(r"-(py3-none-any|cp312-cp312-manylinux[\w.]*x86_64)\.whl$", w):
-                    raise Failed(f"{os.path.basename(w)} is not for CPython 3.12 on x86-64 Linux")
-            done = "wheels checked (for Python 3.12), not installed here"
+        for w in wheels:
+            with zipfile.ZipFile(w) as z:
+                if z.testzip() is not None:
+                    raise Failed(f"{w} is corrupt")
+            if not re.search(r"-(py3-none-any|cp312-cp312-manylinux[\w.]*x86_64)\.whl$", w):
+                raise Failed(f"{os.path.basename(w)} is not for CPython 3.12 on x86-64 Linux")
+        installed = not self.rehearse or self.pytag == "312"  # the GPU machine's Python is 3.12
+        if not installed:
+            done = f"wheels checked (for Python 3.12), not installed for Python {self.pytag[0]}.{self.pytag[1:]}"
         else:
             os.makedirs(self.site, exist_ok=True)
             self.run([self.python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
@@ -213,7 +215,7 @@ class Session:
             members = [m for m in t.getmembers() if re.match(r"[^/]+/cgen/", m.name)]
             for m in members:
                 m.name = m.name.split("/", 1)[1]
-            _extract(t, self.site if not self.rehearse else os.path.join(STATE, "cgen-check"), members)
+            _extract(t, self.site if installed else os.path.join(STATE, "cgen-check"), members)
         where = self.run([self.python, "-c", "import polyft, os; print(os.path.dirname(polyft.__file__))"],
                          check=False).stdout.strip()
         if os.path.realpath(where) != os.path.join(ROOT, "polyft"):
@@ -226,7 +228,8 @@ class Session:
         return done + ", cgen unpacked"
 
     def pycuda(self):
-        """PyCUDA from its sdist against this CUDA, into .gpu-session/site-cp<version> (or a carried build)."""
+        """PyCUDA from its sdist against this CUDA, into .gpu-session/site-cp<version> (or a
+        build carried in .gpu-cache)."""
         tag = f"cp{self.pytag}-cuda{self.release}"
         carried = os.path.join(CACHE, f"pycuda-{tag}", "pycuda")
         target = os.path.join(self.site, "pycuda")
