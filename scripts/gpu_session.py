@@ -27,6 +27,7 @@ import hashlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -90,18 +91,25 @@ class Session:
         """`cmd` with its whole output in $OUT/<log> (else returned); Failed on a non-zero exit."""
         limit = max(1.0, self.left() - RESERVE_S) if timeout is None else timeout
         dest = open(os.path.join(self.out, log), "a") if log else subprocess.PIPE
-        try:
-            p = subprocess.run(cmd, stdout=dest, stderr=subprocess.STDOUT, text=True, timeout=limit,
-                               env=env or self.env, cwd=cwd)
-        except subprocess.TimeoutExpired:
-            raise Failed(f"{' '.join(cmd[:4])} ... still running after {limit:.0f} s (killed)") from None
+        try:  # in a session of its own: on time-out its whole group goes (a build's compilers too)
+            with subprocess.Popen(cmd, stdout=dest, stderr=subprocess.STDOUT, text=True, env=env or self.env,
+                                  cwd=cwd, start_new_session=True) as p:
+                try:
+                    out = p.communicate(timeout=limit)[0]
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.communicate()
+                    raise Failed(f"{' '.join(cmd[:4])} ... still running after {limit:.0f} s (killed)") from None
+                except BaseException:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    raise
         finally:
             if log:
                 dest.close()
         if check and p.returncode != 0:
-            tail = self.tail(log) if log else (p.stdout or "")[-3000:]
+            tail = self.tail(log) if log else (out or "")[-3000:]
             raise Failed(f"{' '.join(cmd[:4])} ... exited with {p.returncode}:\n{tail}")
-        return p
+        return subprocess.CompletedProcess(cmd, p.returncode, out)
 
     def tail(self, log: str, lines: int = 40) -> str:
         with open(os.path.join(self.out, log), errors="replace") as f:
@@ -136,9 +144,10 @@ class Session:
             raise Failed(f"{self.python} does not run: {py.stderr[-500:]}")
         py_inc, self.pytag, pyver = py.stdout.splitlines()[:3]
         self.site = os.path.join(STATE, f"site-cp{self.pytag}")
+        build_needs = []  # what only building PyCUDA needs: a carried build does without
         if not os.path.exists(os.path.join(py_inc, "Python.h")):
             minor = ".".join(pyver.split(".")[:2])
-            missing.append(f"Python.h for {self.python} {pyver} (looked in {py_inc}; install python{minor}-dev)")
+            build_needs.append(f"Python.h for {self.python} {pyver} (looked in {py_inc}; install python{minor}-dev)")
         libdirs = [os.path.realpath(d) for d in re.findall(r'-L"?([^"\s]+)', var.get("LIBRARIES", ""))]
         libdirs += [os.path.join(self.cuda_root, d) for d in ("lib64", "lib", "lib64/stubs", "lib/stubs")]
         libdirs += ["/usr/local/nvidia/lib64", "/usr/local/nvidia/lib", "/usr/lib/x86_64-linux-gnu", "/usr/lib64"]
@@ -154,9 +163,13 @@ class Session:
         if self.driver and os.path.dirname(self.driver) not in ldconfig:  # where the loader would not look
             self.env["LD_LIBRARY_PATH"] = os.pathsep.join(
                 p for p in (os.path.dirname(self.driver), self.env.get("LD_LIBRARY_PATH")) if p)
-        for tool in ("gcc", "g++"):
-            if shutil.which(tool) is None:
-                missing.append(tool)
+        build_needs += [tool for tool in ("gcc", "g++") if shutil.which(tool) is None]
+        self.carried = os.path.join(CACHE, f"pycuda-cp{self.pytag}-cuda{self.release}", "pycuda")
+        self.cannot_build = "; ".join(build_needs)
+        if build_needs and (self.rehearse or not os.path.isdir(self.carried)):
+            missing += build_needs
+        elif build_needs:
+            self.say(f"   missing {self.cannot_build}: PyCUDA only from the build carried in {self.carried}")
         self.sanitizer = shutil.which("compute-sanitizer") or next(
             iter(glob.glob(os.path.join(self.cuda_root, "compute-sanitizer", "compute-sanitizer"))), None)
         self.say(f"   python {self.python} ({pyver}); nvcc {nvcc} (release {self.release}); CUDA root "
@@ -230,8 +243,7 @@ class Session:
     def pycuda(self):
         """PyCUDA from its sdist against this CUDA, into .gpu-session/site-cp<version> (or a
         build carried in .gpu-cache)."""
-        tag = f"cp{self.pytag}-cuda{self.release}"
-        carried = os.path.join(CACHE, f"pycuda-{tag}", "pycuda")
+        carried = self.carried
         target = os.path.join(self.site, "pycuda")
         lib = os.path.join(STATE, "lib")
         os.makedirs(lib, exist_ok=True)
@@ -244,6 +256,9 @@ class Session:
             shutil.copytree(carried, target)
             if self._imports():
                 return f"the build carried in {carried}"
+            if self.cannot_build:
+                raise Failed(f"the build carried in {carried} does not import here, and building needs "
+                             f"{self.cannot_build}")
             self.say("   the carried build does not import here: building from the sdist")
         if self.libcuda is not None:  # -lcuda needs the unversioned name, which a driver directory may lack
             link = os.path.join(lib, "libcuda.so")
