@@ -67,9 +67,10 @@ def test_nvcc_compiles_tensor_core_gemms_for_sm80_and_sm90(name, precision, tmp_
                                          ("flash_attention", {}), ("b2b_gemm", {}), ("bigbird", dict(d=128)),
                                          ("bigbird", {}), ("bigbird", dict(bs=64))])
 def test_gpu_benchmark_sizes_fit_a_block_and_compile(name, sizes, tmp_path):
-    """What experiments/gpu_bench.py runs, and BigBird at the paper's d=512 (blocks of 32 and
-    64 rows): the tiles fit in the shared memory of an H100 / H200 block (the LSTM batching
-    fewer sentences per block at hidden 1024), on tensor cores, and nvcc compiles them."""
+    """The paper's shapes (BigBird at d=512 with blocks of 32 and 64 rows, and at d=128) and
+    the LSTM at hidden 1024: the tiles fit in the shared memory of an H100 / H200 block (the
+    LSTM batching fewer sentences per block at hidden 1024), on tensor cores, and nvcc
+    compiles them."""
     mod = WORKLOADS[name]
     prog = ft.analyze(mod.program, *mod.specs("paper", **sizes))
     gen = CudaTarget().generate(prog.model, prog.schedule, "fp16")
