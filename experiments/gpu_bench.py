@@ -161,7 +161,7 @@ def run(preset: str = "quick", out_dir: str = "results", resume: bool = False, d
     stops before a row that would start later than `deadline` - `row_s`."""
     import torch
     info = meta()
-    info["device"] = torch.cuda.get_device_name()
+    info["host"], info["device"] = info["device"], torch.cuda.get_device_name()  # the CPU, the GPU
     path = os.path.join(out_dir, "gpu_bench.csv")
     os.makedirs(out_dir, exist_ok=True)
     done = pd.read_csv(path) if resume and os.path.exists(path) else pd.DataFrame(columns=KEY + ["device"])
