@@ -1,13 +1,14 @@
 """The emulator's shared-memory race check (emit/race_check.py, `prog.emulated_races`): a
 kernel with a read and a write of the same shared cells in one barrier interval by different
 threads is reported, though its emulated result cannot show it; the seven workloads, at the
-GPU's 256 threads a block, have none."""
+GPU's 256 threads a block, have none and compute what eager execution does."""
 import dataclasses
 
 import pytest
 
 import polyft as ft
 from polyft.emit import race_check
+from polyft.emit.cuda_statements import TOLERANCE
 from polyft.emit.runtime_cuda import EmulatedRuntime
 from polyft.errors import PolyftError
 from polyft.experiments.gpu_modules import TENSOR_CORE_SIZES
@@ -56,9 +57,14 @@ def test_races_need_the_emulator():
 @pytest.mark.parametrize("name, precision", [(n, "fp32") for n in WORKLOADS]
                          + [(n, "fp16") for n in TENSOR_CORE_SIZES])
 def test_workloads_have_no_shared_memory_races(name, precision):
-    """At the block size a GPU runs (256 threads), on tensor cores in fp16."""
+    """At the block size a GPU runs (256 threads; on tensor cores in fp16): no races, and the
+    result is eager's."""
     mod = WORKLOADS[name]
     inputs = mod.inputs("small", seed=32, **(TENSOR_CORE_SIZES[name] if precision == "fp16" else {}))
     prog = ft.compile(mod.program, *inputs, target="cuda-emulated", precision=precision)
-    assert prog._cuda_module(precision).threads == 256
-    assert prog.emulated_races(*inputs) == []
+    module = prog._cuda_module(precision)
+    assert module.threads == 256
+    values, given = prog._checked(prog._positional(inputs, {}))
+    storage = prog._allocated(values, given, module.layout)
+    assert race_check.races(module, [storage[b] for b in module.layout.buffers], values) == []
+    assert rel_error(prog._result(storage), mod.program(*inputs)) < TOLERANCE[precision]
