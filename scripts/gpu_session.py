@@ -91,6 +91,9 @@ class Session:
         """`cmd` with its whole output in $OUT/<log> (else returned); Failed on a non-zero exit."""
         limit = max(1.0, self.left() - RESERVE_S) if timeout is None else timeout
         dest = open(os.path.join(self.out, log), "a") if log else subprocess.PIPE
+        if log:
+            dest.write(f"$ {' '.join(cmd)}\n")
+            dest.flush()
         try:  # in a session of its own: on time-out its whole group goes (a build's compilers too)
             with subprocess.Popen(cmd, stdout=dest, stderr=subprocess.STDOUT, text=True, env=env or self.env,
                                   cwd=cwd, start_new_session=True) as p:
