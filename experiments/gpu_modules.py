@@ -14,6 +14,7 @@ without PyCUDA.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -63,17 +64,21 @@ def sanitized_programs():
 
 
 def bench_programs(preset: str):
-    """(label, workload, specs, schedule, precision) of every polyft row of gpu_bench."""
+    """(label, workload, inputs, schedule, precision) of every polyft row of gpu_bench, which
+    compiles for its concrete inputs (other code than for specs with symbolic lengths); the
+    inputs as a function making them, since at the paper's shapes they take gigabytes."""
     from .gpu_bench import plan
     for row in plan(preset):
         if row.system.startswith("polyft"):
             yield (f"bench {row.workload} {row.shape} {row.precision}", row.workload,
-                   WORKLOADS[row.workload].specs(row.preset, **row.sizes), row.schedule, row.precision)
+                   functools.partial(WORKLOADS[row.workload].inputs, row.preset, seed=1, **row.sizes),
+                   row.schedule, row.precision)
 
 
 def source(workload: str, args, schedule: str, precision: str) -> str:
-    """The CUDA source `ft.compile(..., target="cuda")` generates."""
-    prog = ft.analyze(WORKLOADS[workload].program, *args, schedule=schedule)
+    """The CUDA source `ft.compile(..., target="cuda")` generates (`args`: the inputs or specs,
+    or a function making them)."""
+    prog = ft.analyze(WORKLOADS[workload].program, *(args() if callable(args) else args), schedule=schedule)
     return prog._cuda_module(precision).source
 
 

@@ -38,9 +38,24 @@ def test_prepared_modules_are_what_the_cuda_target_compiles(label, monkeypatch):
     """From specs and from inputs, on tensor cores and off: the source the session compiled."""
     monkeypatch.setitem(targets.TARGETS, "cuda", (CudaTarget(), _Recorded))
     _, name, args, schedule, precision = next(p for p in gpu_modules.programs("quick") if p[0] == label)
+    args = args() if callable(args) else args
     _Recorded.built.clear()
     ft.compile(WORKLOADS[name].program, *args, target="cuda", schedule=schedule, precision=precision)
     assert [m.source for m in _Recorded.built] == [gpu_modules.source(name, args, schedule, precision)], label
+
+
+def test_the_benchmark_compiles_the_prepared_modules(monkeypatch):
+    """What gpu_bench.measure compiles for a polyft row (from the row's concrete inputs) is the
+    module the session compiled beforehand."""
+    monkeypatch.setitem(targets.TARGETS, "cuda", (CudaTarget(), _Recorded))
+    row = next(r for r in gpu_bench.plan("quick") if r.workload == "b2b_gemm" and r.schedule and r.precision == "fp16")
+    inputs = WORKLOADS[row.workload].inputs(row.preset, seed=1, **row.sizes)
+    _Recorded.built.clear()
+    with pytest.raises(AssertionError, match="nothing runs here"):
+        gpu_bench.measure(row, inputs, None, lambda result: result)
+    label = f"bench {row.workload} {row.shape} {row.precision}"
+    _, name, args, schedule, precision = next(p for p in gpu_modules.programs("quick") if p[0] == label)
+    assert [m.source for m in _Recorded.built] == [gpu_modules.source(name, args, schedule, precision)]
 
 
 def test_the_modules_cover_every_gpu_test_and_benchmark_row():
