@@ -4,6 +4,7 @@ since it runs before polyft's dependencies are installed).
     scripts/gpu_session.sh --rehearse   # here, without a GPU: every stage up to the first kernel launch
     scripts/gpu_session.sh              # on the GPU machine (.whl and .gpu-cache carried)
     scripts/gpu_session.sh --resume     # again after a cut-off run: keeps the benchmark rows measured
+    PYTHON=python3.12 scripts/gpu_session.sh --rehearse   # also leaves a PyCUDA build the GPU machine can use
 
 Stages, each printed with its start, its time and what is left of the budget (--budget, 420 s):
 locate (the CUDA root from nvcc's own answer; cuda.h, Python.h, libcuda; says what is missing),
