@@ -122,7 +122,7 @@ def test_benchmark_stops_at_its_deadline(tmp_path, monkeypatch, capsys):
     assert calls == [] and "run again with --resume" in capsys.readouterr().out
 
 
-@pytest.mark.slow
+@pytest.mark.rehearsal
 def test_rehearsal_reaches_the_first_launch_and_reports_its_stages(tmp_path):
     """The pinned files from PyPI, then the rehearsal: PyCUDA built from its sdist (curand
     off, against a stub libcuda where this machine has no driver), imported, and every
