@@ -96,3 +96,16 @@ def in_threads(work, n: int = 4) -> None:
         t.start()
     for t in threads:
         t.join(timeout=600)
+
+
+def central_differences(fn, arrays, k, eps=1e-6):
+    """d fn(*arrays) / d arrays[k] by central differences (fn: arrays -> a scalar; float64)."""
+    grad = np.zeros_like(arrays[k])
+    for idx in np.ndindex(arrays[k].shape):
+        vals = []
+        for sign in (1, -1):
+            moved = [a.copy() for a in arrays]
+            moved[k][idx] += sign * eps
+            vals.append(float(fn(*moved)))
+        grad[idx] = (vals[0] - vals[1]) / (2 * eps)
+    return grad

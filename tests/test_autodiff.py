@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from helpers import central_differences
 from nests import TRANSFORMS, Kit, bodies, list_lengths, nest_inputs, nest_program
 
 import polyft as ft
@@ -158,19 +159,6 @@ def test_lstm_backward_schedule_is_a_reversed_wavefront():
     # the path grows by a step's chain per time step and layer, not by the product D * L
     assert s.critical_path <= (L + D - 1) * (max(-min(time_rows(s.hyperplanes[st.name])[0][0]) for st in nest) + 1)
 
-
-def central_differences(fn, arrays, k, eps=1e-6):
-    """d sum(fn(...)) / d arrays[k], by central differences in float64."""
-    base = [a.copy() for a in arrays]
-    grad = np.zeros_like(base[k])
-    for idx in np.ndindex(base[k].shape):
-        vals = []
-        for sign in (1, -1):
-            moved = [a.copy() for a in base]
-            moved[k][idx] += sign * eps
-            vals.append(fn(*moved))
-        grad[idx] = (vals[0] - vals[1]) / (2 * eps)
-    return grad
 
 
 def mixed_program(xss, w):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import central_differences
 
 import polyft as ft
 from polyft import elementmath
@@ -96,17 +97,6 @@ UNDIFFERENTIABLE = {
     "scatter_add": (lambda a: ft.scatter_add(a, IDS, 4, combine="max"), [_r(5, 3)]),
 }
 
-
-def central_differences(loss, arrays, k, eps=1e-6):
-    grad = np.zeros_like(arrays[k])
-    for idx in np.ndindex(arrays[k].shape):
-        vals = []
-        for sign in (1, -1):
-            moved = [a.copy() for a in arrays]
-            moved[k][idx] += sign * eps
-            vals.append(float(loss(*moved)))
-        grad[idx] = (vals[0] - vals[1]) / (2 * eps)
-    return grad
 
 
 def _as_tuple(g):
