@@ -34,5 +34,16 @@ def __getattr__(name):
     raise AttributeError(f"module 'polyft' has no attribute {name!r}")
 
 
+__all__ = sorted([
+    "errors", "Length", "FTType", "Spec", "parse_type", "spec", "FractalTensor", "Zip", "arange",
+    "map", "reduce", "foldl", "foldr", "scanl", "scanr", "zip", "product",
+    "tanh", "sigmoid", "exp", "log", "sqrt", "relu", "maximum", "minimum", "max", "sum", "mean", "softmax",
+    "concat", "zeros", "zeros_like", "ones", "full", "matmul", "transpose", "log1p", "softplus", "abs", "pow",
+    "where", "logsumexp", "reshape", "squeeze", "unsqueeze", "scatter_add", "index_add", "sin", "cos", "tan",
+    "erf", "gelu", "rsqrt", "sign", "floor", "clip", "var", "stack", "logical_and", "logical_or", "logical_xor",
+    "logical_not", "trace", "vjp", "grad", *_DRIVER, *_INTEROP])
+
+
 def __dir__():
-    return sorted([*globals(), *_DRIVER, *_INTEROP])
+    """The public API only: the submodules the imports above leave behind are internals."""
+    return list(__all__)

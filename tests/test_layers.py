@@ -182,3 +182,15 @@ def test_wheel_has_one_top_level_name_and_survives_a_package_called_schedule(tmp
     assert out.returncode == 0, out.stderr
     where, steps = out.stdout.split()
     assert Path(where).is_relative_to(site) and steps == "6"
+
+
+def test_dir_shows_the_public_api_only():
+    """`dir(polyft)` is `polyft.__all__`: every name in it exists, and the only module in it is
+    `errors` (the error family users catch); the submodules imports leave behind are not listed."""
+    import types
+
+    import polyft as ft
+    assert dir(ft) == ft.__all__ == sorted(set(ft.__all__))
+    listed = {name: getattr(ft, name) for name in ft.__all__ if name not in ("torch", "jax")}
+    assert [n for n, v in listed.items() if isinstance(v, types.ModuleType)] == ["errors"]
+    assert "tracing" not in dir(ft) and "autodiff_rules" not in dir(ft)
