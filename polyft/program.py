@@ -21,6 +21,7 @@ from polyft.schedule.provenance import Coarsening
 from polyft.schedule.schedule import make_schedule, schedule_kind
 from polyft.schedule.storage import Storage, extents, storage_mapping
 
+from .calls import CONSTANT, CallPath, constant
 from .errors import InputError, OutOfMemoryError, PolyftError
 from .fractaltensor import FractalTensor
 from .interpret import assemble_outputs, bind_params
@@ -187,6 +188,7 @@ class CompiledProgram(Program):
         self._run = runtime(self.module)
         self._variant = Variant(self.schedule.kind, self.module, self._run)
         self.schedule_choice = schedule_choice(self, alternative, generator, runtime, contract)
+        self._calls = None if getattr(self.traced, "ragged", ()) else CallPath(self)
 
     def local_batch(self, buf):
         """The storage.Batch of `buf`'s per-thread scratch in the generated code (None: the
@@ -238,14 +240,17 @@ class CompiledProgram(Program):
         return self.module.host
 
     def __call__(self, *inputs, **named):
-        return self._result(self._storage_after(self._positional(inputs, named)))
+        inputs = self._positional(inputs, named)
+        if self._calls is not None:
+            return self._calls.result(self._calls.storage_after(inputs))
+        return self._result(self._storage_after(inputs))
 
     def run_arrays(self, *inputs) -> list:
         """The outputs as plain arrays, flat in the order of `etdg.outputs` (regular outputs:
-        `__call__` makes ragged ones lists). Every one is allocated by this call, never an input's
-        or a constant's memory nor an earlier call's, so a caller may hand it out without a copy
-        (ft.torch, ft.jax)."""
-        storage = self._storage_after(inputs)
+        `__call__` makes ragged ones lists). None is an input's or a constant's memory, nor memory
+        that any value still references (polyft.calls recycles only what nothing references), so a
+        caller may hand it out without a copy (ft.torch, ft.jax)."""
+        storage = self._calls.storage_after(inputs) if self._calls is not None else self._storage_after(inputs)
         return [_native_to(b.resolve().dtype, storage[b.resolve()]) for b in self.etdg.outputs]
 
     def _storage_after(self, inputs) -> dict:
@@ -349,10 +354,7 @@ class CompiledProgram(Program):
         storage = dict(given)
         for b in layout.buffers:
             if b not in storage:
-                if b.kind in ("const", "index"):
-                    storage[b] = np.ascontiguousarray(b.value, dtype=native_dtype(b.dtype))
-                else:
-                    storage[b] = _allocate(b, layout.shape(b, params))
+                storage[b] = constant(b) if b.kind in CONSTANT else allocate(b, layout.shape(b, params))
         return storage
 
     def _ragged(self, inputs: tuple) -> tuple:
@@ -399,7 +401,7 @@ def _native_to(dtype: str, a: np.ndarray) -> np.ndarray:
     return a.astype(dtype) if a.dtype != dtype else a
 
 
-def _allocate(b, shape) -> np.ndarray:
+def allocate(b, shape) -> np.ndarray:
     """The array for buffer `b`; OutOfMemoryError naming it when numpy cannot allocate it."""
     try:
         return np.empty(shape, dtype=native_dtype(b.dtype))
