@@ -22,6 +22,7 @@ Programs with ragged inputs (lengths that are data) take CompiledProgram's gener
 from __future__ import annotations
 
 import ctypes
+import math
 import sys
 
 import numpy as np
@@ -29,7 +30,7 @@ import numpy as np
 from polyft.emit.c_statements import native_dtype
 
 from . import pytree
-from .errors import InputError
+from .errors import InputError, OutOfMemoryError, RaggedError
 from .fractaltensor import FractalTensor, _read_only
 
 POOL = 2  # sets of recycled buffers a plan keeps between calls (one per concurrent caller, roughly)
@@ -46,6 +47,16 @@ def constant(b) -> np.ndarray:
 def _same(dtype, native):
     """`native`, as the very object `dtype` where they are equal (the key compares by identity)."""
     return dtype if dtype == native else native
+
+
+def allocate(b, shape) -> np.ndarray:
+    """The array for buffer `b`; OutOfMemoryError naming it when numpy cannot allocate it."""
+    try:
+        return np.empty(shape, dtype=native_dtype(b.dtype))
+    except MemoryError:
+        size = math.prod(shape) * native_dtype(b.dtype).itemsize
+        raise OutOfMemoryError(f"cannot allocate buffer {b.name} {list(shape)} {b.dtype} ({size / 2**30:.3g} GiB) for "
+                               "this call: use smaller lengths", op="call") from None
 
 
 class CallPath:
@@ -66,12 +77,15 @@ class CallPath:
     def key(self, inputs) -> tuple:
         """(key, {buffer: array}): the inputs' shapes and list depths, and their arrays as the code
         reads them (in place where contiguous and of the stored dtype); None for the key where an
-        input's dtype is not the one compiled (the full check names it)."""
+        input's dtype is not the one compiled, or a list is ragged (the full check names it)."""
         given, key = {}, []
         for k, buf, dtype, native in self.inputs:
             arg = inputs[k]
             if isinstance(arg, FractalTensor):
-                arr, depth = arg.dense_view(), arg.depth
+                try:
+                    arr, depth = arg.dense_view(), arg.depth
+                except RaggedError:  # the full check says what the program takes
+                    return None, given
             else:
                 arr, depth = np.asarray(arg), None
             if arr.dtype != dtype:
@@ -139,9 +153,8 @@ class _Plan:
     caller still holds the previous one, so its Python work does not grow with the intermediates."""
 
     def __init__(self, variant, params, outputs):
-        from .program import allocate  # (program imports this module)
         layout = variant.layout
-        self.variant, self.params, self.allocate = variant, params, allocate
+        self.variant, self.params = variant, params
         self.buffers = layout.buffers
         self.fixed = {b: constant(b) for b in layout.buffers if b.kind in CONSTANT}
         self.made = [b for b in layout.buffers if b.kind not in CONSTANT and b.kind != "input"]
@@ -156,7 +169,7 @@ class _Plan:
         self.pool = []  # _Work sets from earlier calls
 
     def _work(self) -> "_Work":
-        arrays = [self.allocate(b, shape) for b, shape in zip(self.made, self.shapes)]
+        arrays = [allocate(b, shape) for b, shape in zip(self.made, self.shapes)]
         pointers = None
         if self.pointers is not None:
             pointers = self.pointers()
@@ -173,7 +186,7 @@ class _Plan:
         arrays = work.arrays
         for k in self.handed_out:
             if sys.getrefcount(arrays[k]) != _FREE:  # a caller holds the last one: this call writes a new one
-                arrays[k] = self.allocate(self.made[k], self.shapes[k])
+                arrays[k] = allocate(self.made[k], self.shapes[k])
                 if work.pointers is not None:
                     work.pointers[self.made_at[k]] = _address(arrays[k])
         if self.call is not None:

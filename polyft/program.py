@@ -21,8 +21,9 @@ from polyft.schedule.provenance import Coarsening
 from polyft.schedule.schedule import make_schedule, schedule_kind
 from polyft.schedule.storage import Storage, extents, storage_mapping
 
+from . import calls
 from .calls import CONSTANT, CallPath, constant
-from .errors import InputError, OutOfMemoryError, PolyftError
+from .errors import InputError, PolyftError
 from .fractaltensor import FractalTensor
 from .interpret import assemble_outputs, bind_params
 from .ragged import Ragged, check_lengths, lengths_of, padded, used_elements
@@ -354,7 +355,7 @@ class CompiledProgram(Program):
         storage = dict(given)
         for b in layout.buffers:
             if b not in storage:
-                storage[b] = constant(b) if b.kind in CONSTANT else allocate(b, layout.shape(b, params))
+                storage[b] = constant(b) if b.kind in CONSTANT else calls.allocate(b, layout.shape(b, params))
         return storage
 
     def _ragged(self, inputs: tuple) -> tuple:
@@ -399,16 +400,6 @@ class _Inputs:
 def _native_to(dtype: str, a: np.ndarray) -> np.ndarray:
     """A buffer's array as its dtype, from the dtype the generated code stores it in (native_dtype)."""
     return a.astype(dtype) if a.dtype != dtype else a
-
-
-def allocate(b, shape) -> np.ndarray:
-    """The array for buffer `b`; OutOfMemoryError naming it when numpy cannot allocate it."""
-    try:
-        return np.empty(shape, dtype=native_dtype(b.dtype))
-    except MemoryError:
-        size = math.prod(shape) * native_dtype(b.dtype).itemsize
-        raise OutOfMemoryError(f"cannot allocate buffer {b.name} {list(shape)} {b.dtype} ({size / 2**30:.3g} GiB) for "
-                               "this call: use smaller lengths", op="call") from None
 
 
 def analyze(fn, *inputs_or_specs, schedule="auto", sizes=None, coarsen=None) -> Program:
