@@ -75,10 +75,10 @@ def reorder_space(dist: isl.Set | None, names: list, reuse: list) -> Reordering:
 
 
 def outer_parallel(T: np.ndarray, pts, reuse: list, names: list) -> tuple:
-    """(T, the dims moved outermost, why: a line for Schedule.describe, '' where no dim could be):
-    T with the dims that no distance vector moves along and
-    that carry no reuse moved before π, where they are all the parallelism a wavefront step has
-    (Pluto's objective: outer parallelism, no synchronisation inside).
+    """(T, the dims moved outermost, why: a line for Schedule.describe or ''): T with the dims that
+    no distance vector moves along and that carry no reuse moved before π, where they are all the
+    parallelism a wavefront step has (Pluto's objective: outer parallelism, no synchronisation
+    inside).
 
     The cost, on a CPU's threads: behind π, such dims are the parallel loop inside every
     wavefront step, and each step ends in a barrier (a map over 8 independent sequences of
@@ -112,8 +112,8 @@ def outer_parallel(T: np.ndarray, pts, reuse: list, names: list) -> tuple:
         return T, [], ""
     rows = [units[c] for c in outer]
     T = np.array([T[r] for r in rows] + [T[r] for r in range(n) if r not in rows], dtype=object)
-    return T, outer, (f"{free} outermost, before pi: no dependence along it and no reuse, and the wavefront has "
-                      "no width of its own: one parallel loop with no barrier inside instead of a barrier per "
+    return T, outer, (f"{free} outermost, before pi: no dependence and no reuse along {free}, and the wavefront "
+                      "has no width of its own: one parallel loop with no barrier inside instead of a barrier per "
                       "step (reorder.outer_parallel)")
 
 
