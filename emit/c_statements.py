@@ -27,13 +27,21 @@ CTYPES = {"float32": "float", "float64": "double", "float16": "float", "int64": 
 UNARY = {"neg": "-({x})", "copy": "{x}", "astype": "{x}", "tanh": "ft_tanh{f}({x})", "exp": "ft_exp{f}({x})",
          "log": "log{f}({x})", "sqrt": "sqrt{f}({x})", "sigmoid": "ft_sigmoid{f}({x})",
          "relu": "ft_maximum({x}, 0)", "zeros_like": "0", "log1p": "log1p{f}({x})", "abs": "ft_abs({x})",
-         "softplus": "ft_softplus{f}({x})"}
+         "softplus": "ft_softplus{f}({x})", "sin": "sin{f}({x})", "cos": "cos{f}({x})", "tan": "tan{f}({x})",
+         "erf": "ft_erf{f}({x})", "gelu": "ft_gelu{f}({x})", "rsqrt": "(1 / sqrt{f}({x}))", "sign": "ft_sign({x})",
+         "floor": "floor{f}({x})", "logical_not": "(({x}) == 0)"}
 # operations of two operands, and where's three ({a} its mask, read uncast: `_chain`)
 BINARY = {"add": "({a}) + ({b})", "sub": "({a}) - ({b})", "mul": "({a}) * ({b})",
           "truediv": "({a}) / ({b})", "maximum": "ft_maximum({a}, {b})", "minimum": "ft_minimum({a}, {b})",
-          "pow": "pow{f}({a}, {b})", "where": "(({a}) != 0 ? ({b}) : ({c}))"}
+          "pow": "pow{f}({a}, {b})", "where": "(({a}) != 0 ? ({b}) : ({c}))",
+          # comparisons and logic: C's 0/1 ints, stored as the mask's type (NaN compares false but in !=)
+          "greater": "(({a}) > ({b}))", "less": "(({a}) < ({b}))", "greater_equal": "(({a}) >= ({b}))",
+          "less_equal": "(({a}) <= ({b}))", "equal": "(({a}) == ({b}))", "not_equal": "(({a}) != ({b}))",
+          "logical_and": "((({a}) != 0) & (({b}) != 0))", "logical_or": "((({a}) != 0) | (({b}) != 0))",
+          "logical_xor": "((({a}) != 0) != (({b}) != 0))"}
 # the macros behind them (both targets' preludes); max reductions step with ft_maximum too.
-# ft_abs: `+ 0` makes |-0| +0, as numpy's; ft_softplus: numpy's logaddexp(0, x), no overflow
+# ft_abs: `+ 0` makes |-0| +0, as numpy's (and sign(-0) +0); ft_softplus: numpy's logaddexp(0, x), no
+# overflow; erf and gelu in double, rounded once (polyft computes them so eagerly: numpy has no erf)
 NAN_MACROS = """#define ft_maximum(a, b) ((a) != (a) || (a) > (b) ? (a) : (b))
 #define ft_minimum(a, b) ((a) != (a) || (a) < (b) ? (a) : (b))
 #define ft_exp exp
@@ -41,7 +49,12 @@ NAN_MACROS = """#define ft_maximum(a, b) ((a) != (a) || (a) > (b) ? (a) : (b))
 #define ft_sigmoid(x) (1 / (1 + exp(-(x))))
 #define ft_abs(x) ((x) < 0 ? -(x) : (x) + 0)
 #define ft_softplus(x) (ft_maximum((x), 0) + log1p(exp(-fabs(x))))
-#define ft_softplusf(x) (ft_maximum((x), 0) + log1pf(ft_expf(-fabsf(x))))"""
+#define ft_softplusf(x) (ft_maximum((x), 0) + log1pf(ft_expf(-fabsf(x))))
+#define ft_sign(x) ((x) > 0 ? 1 : (x) < 0 ? -1 : (x) + 0)
+#define ft_erf erf
+#define ft_erff(x) ((float)erf((double)(x)))
+#define ft_gelu(x) ((x) < -40 ? -0.0 : 0.5 * (x) * erfc(-(x) * 0.7071067811865476))
+#define ft_geluf(x) ((float)ft_gelu((double)(x)))"""
 
 
 def ctype(dtype: str) -> str:
@@ -146,6 +159,7 @@ _LOCAL = re.compile(r"(?!_b\b|_nb\b)_\w+|k\d+|ft_\w+")
 _C_NAMES = frozenset("""int long float double char const restrict for if else return void sizeof
     unsigned signed short static inline while do break continue
     expf exp logf log sqrtf sqrt tanhf tanh fmaxf fmax fminf fmin fabsf fabs log1pf log1p powf pow
+    sinf sin cosf cos tanf tan floorf floor
     INFINITY pragma omp simd reduction max min""".split())
 
 

@@ -102,6 +102,8 @@ class PersistentKernel:
         self.bands: list = []
         self.instance_bodies: list = []  # per band, the cgen.Block an instance runs (its first lines may be added)
         self.serial: list = []  # why a parallel loop runs serially inside a block
+        self._around: list = []  # the sequential loops and guards every block is inside, outermost first
+        self.syncs: list = []  # per grid barrier in the code, those around it (`barriers`)
         self.code = self._uniform(ast, [])
 
     def source(self) -> str:
@@ -110,6 +112,30 @@ class PersistentKernel:
         blocks = "None" if None in most else f"max({', '.join(['1'] + most)})"
         return (f"def run(launch, {', '.join(self.params + ['_=None'])}):\n"
                 f"    launch(0, {blocks})\n")
+
+    def barriers(self) -> str:
+        """Python: `barriers(*params)`, the grid barriers one call passes (each band's, once
+        per iteration of the sequential loops around it and where its guards hold), from the
+        ISL AST the kernel's control flow is generated from."""
+        lines = [f"def barriers({', '.join(self.params + ['_=None'])}):", "    n = 0"]
+        for around in self.syncs:
+            pad = "    "
+            for kind, node, holds in around:
+                if kind == "for":
+                    it = node.for_get_iterator().get_id().get_name()
+                    lines += [f"{pad}{it} = {py_expr(node.for_get_init())}",
+                              f"{pad}while {py_expr(node.for_get_cond())}:"]
+                    pad += "    "
+                else:
+                    lines.append(f"{pad}if {'' if holds else 'not '}{py_expr(node.if_get_cond())}:")
+                    pad += "    "
+            lines.append(f"{pad}n += 1")
+            for kind, node, _ in reversed(around):
+                pad = pad[:-4]
+                if kind == "for":
+                    it = node.for_get_iterator().get_id().get_name()
+                    lines.append(f"{pad}    {it} += {py_expr(node.for_get_inc())}")
+        return "\n".join(lines + ["    return n", ""])
 
     # -- code every block runs -----------------------------------------------------------
     def _uniform(self, node, path):
@@ -132,15 +158,20 @@ class PersistentKernel:
         raise NotImplementedError(f"ISL AST node {t} in a kernel")
 
     def _guard(self, node, path, inner):
+        self._around.append(("if", node, True))
         then = inner(node.if_get_then_node(), path)
+        self._around[-1] = ("if", node, False)
         other = inner(node.if_get_else_node(), path) if node.if_has_else_node() else None
+        self._around.pop()
         return cgen.If(node.if_get_cond().to_C_str(), _block(then), _block(other) if other is not None else None)
 
     def _loop(self, node, path, inner):
         """A sequential loop every block runs, `inner` its body; `path` gains its time dim."""
         it = node.for_get_iterator().get_id().get_name()
         init, cond, inc = node.for_get_init(), node.for_get_cond(), node.for_get_inc().to_C_str()
+        self._around.append(("for", node, True))
         body = inner(node.for_get_body(), path + [level(node)])
+        self._around.pop()
         return cgen.For(f"long {it} = {init.to_C_str()}", cond.to_C_str(), f"{it} += {inc}", _block(body))
 
     # -- bands ---------------------------------------------------------------------------
@@ -237,6 +268,7 @@ class PersistentKernel:
         total = " + ".join(f"ft_t{k}" for k in range(len(parts)))
         loop = cgen.For("long ft_f = blockIdx.x", f"ft_f < {total}", "ft_f += gridDim.x",
                         cgen.Block([cgen.Line("long ft_r = ft_f;")] + chain.contents))
+        self.syncs.append(list(self._around))
         return cgen.Block(head + [loop, cgen.Statement("ft_grid_sync()")])
 
     def _flatten(self, band, path, called, k) -> tuple:

@@ -81,6 +81,8 @@ class CudaModule(Module):
     # per local buffer, the band whose instances own it: buffers of two bands are never live at
     # once (a grid barrier between), so they may share places
     band_of: dict = field(default_factory=dict)
+    batch: int | None = None  # instances per block of the tiled loop's statements (None: none batched)
+    barriers: str = ""  # Python `barriers(*params)`: the grid barriers a call passes (PersistentKernel.barriers)
 
 
 class SharedMemoryError(CompileError):
@@ -194,7 +196,8 @@ class CudaTarget(Target):
                              + [const_decl(n, v, "__device__ const") for n, v in consts.values()]
                              + [cgen.Line("")] + functions + [cgen.Line(""), kernel])
         return CudaModule(str(module) + "\n", layout, tuple(params), driver.source(), [0], shared, self.threads,
-                          tuple(driver.serial), {name: band_of[name] for name in places}), wanted
+                          tuple(driver.serial), {name: band_of[name] for name in places},
+                          tb if tiles else None, driver.barriers()), wanted
 
 
 def local_candidates(etdg, storage, ast, parallel: list, tiles: dict, driver: PersistentKernel, model) -> tuple:

@@ -56,6 +56,8 @@ static void (*ft_body)(void*);
 static void* ft_body_arg;
 static unsigned char* ft_arena_at;
 static size_t ft_arena_bytes;
+static int ft_in_thread;  /* 1 while a thread fiber runs (0: the scheduler, e.g. swapping arenas) */
+static void (*ft_on_launch)(long blocks, int nthreads);  /* an instrumented build's (emit/race_check.py) */
 
 static int ft_register_arena(unsigned char* arena, size_t n) {
   ft_arena_at = arena;
@@ -63,10 +65,12 @@ static int ft_register_arena(unsigned char* arena, size_t n) {
   return 0;
 }
 
+static long ft_grid_opened;  /* grid barriers passed, all launches (the profile's count is checked against it) */
 static void ft_wait(int group, long size) {
   if (++ft_arrived[group] == size) {  /* the last to arrive releases the others */
     ft_arrived[group] = 0;
     ft_generation[group]++;
+    ft_grid_opened += group == 0;
     return;
   }
   const int me = ft_self;
@@ -122,6 +126,7 @@ static int ft_launch(void (*trampoline)(void*), void* arg, long gx, long gy, int
     ft_threads[t].context.uc_link = &ft_main;
     makecontext(&ft_threads[t].context, (void (*)(void))ft_entry, 1, (int)t);
   }
+  if (ft_on_launch) ft_on_launch(blocks, nthreads);
   int result = 0;
   long current = -1;  /* the block whose shared memory is in the arena */
   for (long finished = 0; finished < ft_total;) {
@@ -140,7 +145,9 @@ static int ft_launch(void (*trampoline)(void*), void* arg, long gx, long gy, int
           ft_self = (int)t;
           threadIdx = polyft_dim3{(unsigned)(t % nthreads), 0, 0};
           blockIdx = polyft_dim3{(unsigned)(b % gx), (unsigned)(b / gx), 0};
+          ft_in_thread = 1;
           swapcontext(&ft_main, &ft_threads[t].context);
+          ft_in_thread = 0;
           finished += ft_threads[t].done;
           ran = progress = 1;
         }
@@ -260,8 +267,9 @@ static void load_matrix_sync(fragment<accumulator, M, N, K, float>& a, const flo
 template <int M, int N, int K>
 static void store_matrix_sync(float* p, const fragment<accumulator, M, N, K, float>& a, unsigned ldm, layout_t l) {
   __syncwarp();
-  for (int r = 0; r < M; r++)
-    for (int c = 0; c < N; c++) p[l == mem_col_major ? c * ldm + r : r * ldm + c] = a.x[r * N + c];
+  if (threadIdx.x % 32 == 0)  /* every lane holds the whole tile: one stores it (so no lanes race) */
+    for (int r = 0; r < M; r++)
+      for (int c = 0; c < N; c++) p[l == mem_col_major ? c * ldm + r : r * ldm + c] = a.x[r * N + c];
   __syncwarp();
 }
 template <typename Use, int M, int N, int K, typename T, typename L>

@@ -21,16 +21,49 @@ from polyft.errors import PolyftError
 
 from .runtime_cuda import Backend, CudaRuntime, EmulatedBackend
 
-# GCC emits these hooks for -fsanitize=thread; `memcpy` & co. in the emulated code become
-# __tsan_memcpy & co., which must also do the copy.
+FT_HOOK = '#define FT_HOOK __attribute__((no_sanitize_thread, visibility("default")))\n'
+
+
+def hooks(access: str) -> str:
+    """The hooks GCC emits calls to under -fsanitize=thread, each calling `access(address,
+    bytes, is_write)` (a C function defined before them); `memcpy` & co. in the emulated code
+    become __tsan_memcpy & co., which must also do the copy."""
+    return r"""
+extern "C" {
+#define FT_SIZED(n) \
+  FT_HOOK void __tsan_read##n(void* p) { ACCESS(p, n, 0); } \
+  FT_HOOK void __tsan_write##n(void* p) { ACCESS(p, n, 1); } \
+  FT_HOOK void __tsan_unaligned_read##n(void* p) { ACCESS(p, n, 0); } \
+  FT_HOOK void __tsan_unaligned_write##n(void* p) { ACCESS(p, n, 1); }
+FT_SIZED(1) FT_SIZED(2) FT_SIZED(4) FT_SIZED(8) FT_SIZED(16)
+FT_HOOK void __tsan_read_range(void* p, long n) { ACCESS(p, n, 0); }
+FT_HOOK void __tsan_write_range(void* p, long n) { ACCESS(p, n, 1); }
+FT_HOOK void* __tsan_memcpy(void* d, const void* s, unsigned long n) {
+  ACCESS(s, n, 0); ACCESS(d, n, 1); return memcpy(d, s, n);
+}
+FT_HOOK void* __tsan_memmove(void* d, const void* s, unsigned long n) {
+  ACCESS(s, n, 0); ACCESS(d, n, 1); return memmove(d, s, n);
+}
+FT_HOOK void* __tsan_memset(void* d, int v, unsigned long n) { ACCESS(d, n, 1); return memset(d, v, n); }
+FT_HOOK void __tsan_func_entry(void*) {}
+FT_HOOK void __tsan_func_exit(void*) {}
+FT_HOOK void __tsan_init(void) {}
+}
+""".replace("ACCESS", access)
+
+
+# instrumented, but linked without GCC's sanitizer runtime (-nodefaultlibs drops it): the hooks
+# are the only definitions; loop-to-memcpy rewriting is off so that the generated code's copies
+# stay loads and stores
+INSTRUMENTED = ["-fsanitize=thread", "-fno-tree-loop-distribute-patterns", "-nodefaultlibs",
+                "-Wl,--no-as-needed", "-lstdc++", "-lm", "-lc", "-lgcc_s"]
 MAX_RANGES = 256
-COUNTERS = r"""
+COUNTERS = FT_HOOK + r"""
 extern "C" {
 enum { FT_MAX_RANGES = %d };
 static uintptr_t ft_lo[FT_MAX_RANGES], ft_hi[FT_MAX_RANGES];
 static long long ft_bytes[FT_MAX_RANGES][2];  /* read, written */
 static int ft_ranges;
-#define FT_HOOK __attribute__((no_sanitize_thread, visibility("default")))
 FT_HOOK void ft_count(const void* p, long n, int write) {
   const uintptr_t a = (uintptr_t)p;
   for (int r = 0; r < ft_ranges; r++)
@@ -44,26 +77,8 @@ FT_HOOK int ft_count_range(const void* p, long n) {
   return ft_ranges++;
 }
 FT_HOOK long long ft_counted(int r, int write) { return ft_bytes[r][write]; }
-#define FT_SIZED(n) \
-  FT_HOOK void __tsan_read##n(void* p) { ft_count(p, n, 0); } \
-  FT_HOOK void __tsan_write##n(void* p) { ft_count(p, n, 1); } \
-  FT_HOOK void __tsan_unaligned_read##n(void* p) { ft_count(p, n, 0); } \
-  FT_HOOK void __tsan_unaligned_write##n(void* p) { ft_count(p, n, 1); }
-FT_SIZED(1) FT_SIZED(2) FT_SIZED(4) FT_SIZED(8) FT_SIZED(16)
-FT_HOOK void __tsan_read_range(void* p, long n) { ft_count(p, n, 0); }
-FT_HOOK void __tsan_write_range(void* p, long n) { ft_count(p, n, 1); }
-FT_HOOK void* __tsan_memcpy(void* d, const void* s, unsigned long n) {
-  ft_count(s, n, 0); ft_count(d, n, 1); return memcpy(d, s, n);
 }
-FT_HOOK void* __tsan_memmove(void* d, const void* s, unsigned long n) {
-  ft_count(s, n, 0); ft_count(d, n, 1); return memmove(d, s, n);
-}
-FT_HOOK void* __tsan_memset(void* d, int v, unsigned long n) { ft_count(d, n, 1); return memset(d, v, n); }
-FT_HOOK void __tsan_func_entry(void*) {}
-FT_HOOK void __tsan_func_exit(void*) {}
-FT_HOOK void __tsan_init(void) {}
-}
-""" % MAX_RANGES
+""" % MAX_RANGES + hooks("ft_count")
 
 
 class CountingBackend(EmulatedBackend):
@@ -71,11 +86,7 @@ class CountingBackend(EmulatedBackend):
     `launches` records (kernel, gx, gy) of every launch."""
 
     name = "emulated-counting"
-    # instrumented, but linked without GCC's sanitizer runtime (-nodefaultlibs drops it): the
-    # hooks of COUNTERS are the only definitions; loop-to-memcpy rewriting is off so that the
-    # generated code's copies stay loads and stores
-    flags = EmulatedBackend.flags + ["-fsanitize=thread", "-fno-tree-loop-distribute-patterns", "-nodefaultlibs",
-                                     "-Wl,--no-as-needed", "-lstdc++", "-lm", "-lc", "-lgcc_s"]
+    flags = EmulatedBackend.flags + INSTRUMENTED
 
     def __init__(self, source: str, arities: list):
         super().__init__(source + COUNTERS, arities)

@@ -4,7 +4,7 @@ Everything in it comes from what the target generates and from the polyhedral mo
 from reading the generated code:
 
 * kernels: the block size and dynamic shared memory of the CudaModule; registers, spills,
-  stack and static shared memory from `nvcc -arch=sm_90 -cubin -Xptxas -v` on its source
+  stack and static shared memory from `nvcc -arch=sm_90 -cubin -Xptxas -v` on its source (emit.cubin)
   (None, with the reason, where nvcc is absent or fails); launches and grids per call by
   running the module's host driver with a launch callback that only records them.
 * buffers: where each lives (global memory, or a block's shared memory for those the module
@@ -21,13 +21,7 @@ from reading the generated code:
 """
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import re
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass, field
 
 import islpy as isl
@@ -36,11 +30,11 @@ import pandas as pd
 
 from polyft.deps.model import build
 from polyft.deps.traffic import count, model_code_traffic, tile_bytes
-from polyft.errors import PolyftError
+from polyft.errors import CompileError, PolyftError
 from polyft.schedule.storage import extents
 
-from . import runtime_c
-from .c_family import TILE, tiled_loops
+from . import cubin
+from .c_family import tiled_loops
 from .c_statements import instance_flops, native_dtype
 from .halves import DTYPES
 from .isl_ast import build_ast, call_loops, level, loop_key
@@ -49,7 +43,7 @@ from .isl_ast import build_ast, call_loops, level, loop_key
 # cost of one kernel launch from the host (launch latency plus the host loop's turn)
 H100 = {"dram_bytes_per_s": 3.35e12, "tensor_flops_fp16": 989e12, "tensor_flops_tf32": 494e12,
         "fp32_flops": 67e12, "sms": 132, "l2_bytes": 50 * 2**20, "launch_s": 4e-6,
-        "grid_sync_s": 1e-6, "threads_per_sm": 2048, "registers_per_sm": 65536, "shared_per_sm": 228 * 1024,
+        "grid_sync_s": 3e-6, "threads_per_sm": 2048, "registers_per_sm": 65536, "shared_per_sm": 228 * 1024,
         "blocks_per_sm": 32}
 
 DRAM_ASSUMPTION = ("DRAM at least: the distinct elements of the inputs read and of the outputs "
@@ -57,16 +51,15 @@ DRAM_ASSUMPTION = ("DRAM at least: the distinct elements of the inputs read and 
                    "L2, its distinct elements written and read once each; an intermediate that fits "
                    "in the L2 and every repeated access are assumed L2 hits")
 
-ROOFLINE_ASSUMPTION = ("time = launches x launch_s + (steps - launches) x grid_sync_s + max(flops / peak, "
-                       "bytes / dram_bytes_per_s) / utilisation; steps: the schedule's sequential steps, each "
-                       "ending in a launch or a grid barrier; utilisation: the mean over launches of "
+ROOFLINE_ASSUMPTION = ("time = launches x launch_s + grid_barriers x grid_sync_s + max(flops / peak, "
+                       "bytes / dram_bytes_per_s) / utilisation; grid_barriers: those the kernel passes per call "
+                       "(counted on its control flow); utilisation: the mean over launches of "
                        "min(1, blocks / sms); matmul flops at the precision's tensor peak (fp32: fp32_flops), "
                        "others at fp32_flops; low: bytes = DRAM at least, high: bytes = the global bytes with "
                        "a batch's common loads shared, all from DRAM")
 
 MOVES = ("load", "store")  # operations that move tiles and compute nothing
 ARCH = "sm_90"
-PTXAS_FLAGS = ["-cubin", "-O3", "-std=c++14", "-Xptxas", "-v"]
 
 
 @dataclass
@@ -103,8 +96,8 @@ class GpuProfile:
                  "buffers (bytes per call to and from global memory; shared: a batch's common loads once):",
                  buffers.to_string(index=False), "",
                  "per call:",
-                 f"  launches {t.launches}, blocks per launch {t.blocks_min}-{t.blocks_max}, sequential steps "
-                 f"(grid barriers) {t.steps}",
+                 f"  launches {t.launches}, blocks per launch {t.blocks_min}-{t.blocks_max}, grid barriers "
+                 f"{t.grid_barriers}",
                  f"  global MB {mb(t.global_bytes)} per instance, {mb(t.shared_bytes)} with a batch's common loads "
                  f"shared; inputs+outputs MB {mb(t.io_bytes)}: ratio {t.global_ratio:.2f}, {t.shared_ratio:.2f} shared",
                  f"  DRAM MB at least {mb(t.dram_bytes)}: ratio {t.dram_ratio:.2f} to inputs+outputs",
@@ -144,13 +137,9 @@ def profile(module, model, schedule, sizes: dict, precision: str = "fp32", **ass
     kernels = pd.DataFrame(rows)
     on_chip = set(module.layout.local)
     concrete = model if all(p in model.sizes for p in model.params) else build(model.etdg, sizes)
-    statements, buffers = _traffic(concrete, module.layout, on_chip, batches(model, schedule), sizes,
+    statements, buffers = _traffic(concrete, module.layout, on_chip, batches(model, schedule, module.batch), sizes,
                                    dev["l2_bytes"])
-    steps = _steps(model, schedule)
-    if steps is None:
-        notes.append("grid barriers are not in the time: the sequential steps need a program built for these "
-                     "lengths (ft.analyze(..., sizes=...) or concrete inputs)")
-    totals = _totals(kernels, statements, buffers, grids, steps, dev, precision)
+    totals = _totals(kernels, statements, buffers, grids, grid_barriers(module, sizes), dev, precision)
     if len(kernels) == 1:  # the call's bytes and time are the kernel's
         for col in ("global_bytes", "dram_bytes", "flops", "time_low_us", "time_high_us"):
             kernels[col] = [totals[col]]
@@ -198,28 +187,16 @@ _PTXAS = {"registers": r"Used (\d+) registers", "smem": r"(\d+) bytes smem", "st
 
 def ptxas(source: str, arch: str = ARCH) -> tuple:
     """(kernel name -> {registers, smem, stack, spill_stores, spill_loads}, None), or (None,
-    why) where nvcc is absent or fails. Cached on disk by the source's hash (nvcc takes
-    seconds per module)."""
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
+    why) where nvcc is absent or fails: ptxas' report of the cubin the runtime loads
+    (emit.cubin, cached on disk: nvcc takes seconds per module)."""
+    if cubin.nvcc() is None:
         return None, "nvcc is not on PATH"
-    key = hashlib.sha256("\0".join([source, arch, *PTXAS_FLAGS]).encode()).hexdigest()[:20]
-    cached = os.path.join(runtime_c.cache_dir(), f"ptxas_{key}.json")
     try:
-        with open(cached) as f:
-            return json.load(f), None
-    except (OSError, ValueError):
-        pass
-    with tempfile.TemporaryDirectory(prefix="polyft-ptxas-") as d:
-        src = os.path.join(d, "module.cu")
-        with open(src, "w") as f:
-            f.write(source)
-        r = subprocess.run([nvcc, f"-arch={arch}", *PTXAS_FLAGS, src, "-o", os.path.join(d, "module.cubin")],
-                           capture_output=True, text=True)
-    if r.returncode:
-        return None, f"nvcc failed: {(r.stderr or r.stdout).strip()[-500:]}"
+        _, report = cubin.build(source, arch)
+    except CompileError as e:
+        return None, f"nvcc failed: {str(e)[-500:]}"
     out, name = {}, None
-    for line in r.stderr.splitlines():
+    for line in report.splitlines():
         m = re.search(r"Function properties for (\w+)", line) or re.search(r"Compiling entry function '(\w+)'", line)
         if m:
             name = m.group(1)
@@ -229,20 +206,19 @@ def ptxas(source: str, arch: str = ARCH) -> tuple:
             m = re.search(pattern, line)
             if m and name is not None:
                 out[name][k] = int(m.group(1))
-    tmp = f"{cached}.{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(out, f)
-    os.replace(tmp, cached)  # atomic: concurrent profiles write equivalent files
     return out, None
 
 
-def batches(model, schedule) -> dict:
+def batches(model, schedule, width: int | None) -> dict:
     """statement name -> (dim position, first iteration, instances per batch) for the
     statements the CUDA target runs a batch of instances at a time: those under the loop
-    c_family.tiled_loops picks (at most TILE instances of it per block and call, counted from
-    its lower bound; a bound that is not a constant leaves the statement out)."""
+    c_family.tiled_loops picks for the module's batch `width` (CudaModule.batch: at most that
+    many instances of it per block and call, counted from its lower bound; a bound that is not
+    a constant leaves the statement out); none where the module batches nothing."""
+    if not width:
+        return {}
     ast = build_ast(schedule.map, model.context)  # as the target builds it
-    tiles = tiled_loops(model.etdg, ast, schedule.parallel, TILE)
+    tiles = tiled_loops(model.etdg, ast, schedule.parallel, width)
     out = {}
     for name, loops in call_loops(ast):
         for lp in loops:
@@ -336,13 +312,15 @@ def _traffic(model, layout, on_chip: set, batched: dict, sizes: dict, l2_bytes: 
     return st, pd.DataFrame(rows)
 
 
-def _steps(model, schedule) -> int | None:
-    """The schedule's sequential steps (None where it was built without the lengths:
-    schedule.sequential_steps needs them)."""
-    return schedule.sequential_steps if all(p in model.sizes for p in model.params) else None
+def grid_barriers(module, sizes: dict) -> int:
+    """The grid barriers one call of the module passes at `sizes` (its `barriers`, from the
+    kernel's own control flow; the emulator's count is checked against it in the tests)."""
+    namespace: dict = {}
+    exec(compile(module.barriers, "<polyft grid barriers>", "exec"), namespace)
+    return namespace["barriers"](*[sizes[p] for p in module.params])
 
 
-def _totals(kernels, statements, buffers, grids, steps, dev: dict, precision: str) -> pd.Series:
+def _totals(kernels, statements, buffers, grids, barriers, dev: dict, precision: str) -> pd.Series:
     io = int(buffers.full_bytes[buffers.role.isin(["input", "output"])].sum())
     read, written = int(buffers.global_read_bytes.sum()), int(buffers.global_written_bytes.sum())
     shared = int(buffers.shared_read_bytes.sum()) + written
@@ -352,7 +330,7 @@ def _totals(kernels, statements, buffers, grids, steps, dev: dict, precision: st
     compute = mm / peak + (flops - mm) / dev["fp32_flops"]
     blocks = [b for _, b, _ in grids if b is not None]
     util = float(np.mean([min(1.0, b / dev["sms"]) for b in blocks])) if blocks else 1.0
-    overhead = len(grids) * dev["launch_s"] + max(0, (steps or 0) - len(grids)) * dev["grid_sync_s"]
+    overhead = len(grids) * dev["launch_s"] + barriers * dev["grid_sync_s"]
     regs = [r for r in kernels.registers if r is not None]
     spills = [s for s in list(kernels.spill_stores) + list(kernels.spill_loads) if s is not None]
     return pd.Series(dtype=object, data=dict(
@@ -362,6 +340,6 @@ def _totals(kernels, statements, buffers, grids, steps, dev: dict, precision: st
         global_ratio=(read + written) / io if io else float("nan"), dram_bytes=dram,
         dram_ratio=dram / io if io else float("nan"), flops=flops, matmul_flops=mm,
         registers_max=max(regs) if regs else None, spill_bytes=sum(spills) if spills else None,
-        utilisation=util, steps=steps,
+        utilisation=util, grid_barriers=barriers,
         time_low_us=1e6 * (overhead + max(compute, dram / dev["dram_bytes_per_s"]) / util),
         time_high_us=1e6 * (overhead + max(compute, shared / dev["dram_bytes_per_s"]) / util)))

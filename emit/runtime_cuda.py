@@ -3,8 +3,8 @@ once per call, on as many blocks as the back end can keep resident at once (`cap
 no more than the program has instances in a band; every back end counts its launches
 (`launched`).
 
-* `PyCudaRuntime` on `PyCudaBackend` (the `cuda` extra, imported lazily): nvcc through
-  PyCUDA's compiler cache, device buffers, the grid sized from the occupancy of the kernel
+* `PyCudaRuntime` on `PyCudaBackend` (the `cuda` extra, imported lazily): the cubin nvcc
+  compiles for the device's architecture (emit/cubin.py, cached), device buffers, the grid sized from the occupancy of the kernel
   (its registers and shared memory against the SM's), launch errors checked when the
   outputs are fetched.
 * `EmulatedRuntime` on `EmulatedBackend`: the same `.cu` compiled as C++ for the CPU with the
@@ -23,7 +23,7 @@ import numpy as np
 
 from polyft.errors import CompileError, DeviceError
 
-from . import runtime_c
+from . import cubin, runtime_c
 from .halves import from_storage, to_storage
 from .protocol import Runtime
 
@@ -104,6 +104,7 @@ class EmulatedBackend(Backend):
                             f"polyft_k{k}({args}); }}\n"
                             f'extern "C" int polyft_emulate_k{k}(const long* a, long gx, long gy) '
                             f"{{ return ft_launch(ft_trampoline_k{k}, (void*)a, gx, gy, FT_THREADS); }}")
+        wrappers.append('extern "C" long polyft_grid_barriers(void) { return ft_grid_opened; }')
         text = "#define FT_EMULATED\n" + EMULATOR + source + "\n".join(wrappers) + "\n"
         _, self._lib = runtime_c.load(text, self.flags, cc=cxx)
         self._kernels = []
@@ -112,6 +113,13 @@ class EmulatedBackend(Backend):
             fn.argtypes = [ctypes.POINTER(ctypes.c_long), ctypes.c_long, ctypes.c_long]
             fn.restype = ctypes.c_int
             self._kernels.append(fn)
+
+    @property
+    def grid_barriers(self) -> int:
+        """Grid barriers the launches so far have passed."""
+        fn = self._lib.polyft_grid_barriers
+        fn.restype = ctypes.c_long
+        return fn()
 
     def upload(self, arr: np.ndarray):
         return arr, arr.ctypes.data
@@ -145,7 +153,6 @@ class PyCudaBackend(Backend):
         try:
             import pycuda.autoprimaryctx  # noqa: F401  (the device's primary context)
             import pycuda.driver as drv
-            from pycuda.compiler import SourceModule
         except ImportError as e:
             raise DeviceError(f"the CUDA target needs PyCUDA and a GPU ({e}); install polyft[cuda] on a "
                               "machine with an NVIDIA driver, or use target='c'", op="compile") from None
@@ -153,13 +160,16 @@ class PyCudaBackend(Backend):
             raise DeviceError(f"no usable CUDA device: {e}", op="compile") from None
         self.drv = drv
         major, minor = drv.Context.get_device().compute_capability()
-        try:
-            self.module = SourceModule(source, no_extern_c=True, arch=f"sm_{major}{minor}",
-                                       options=["-O3", "-std=c++14"])
-        except drv.CompileError as e:
-            msg = str(e)
-            raise CompileError(f"nvcc failed:\n{msg}\n{runtime_c.source_context(source, msg)}",
-                               op="compile", where="generated CUDA") from None
+        arch = f"sm_{major}{minor}"
+        for fresh in (False, True):  # a cached cubin the driver rejects (another release's) is compiled again
+            code, _ = cubin.build(source, arch, fresh=fresh)
+            try:
+                self.module = drv.module_from_buffer(code)
+                break
+            except drv.Error as e:
+                if fresh:
+                    raise DeviceError(f"the driver rejects the cubin nvcc compiled for {arch}: {e}",
+                                      op="compile") from None
         self._kernels = [self.module.get_function(f"polyft_k{k}") for k in range(n_kernels)]
         self.threads, self.shared_bytes = threads, shared_bytes
         self.device = drv.Context.get_device()

@@ -35,9 +35,10 @@ class Baseline(NamedTuple):
     columns: Callable = dict  # extra columns of its row, once timed (the schedule the generated C ran)
 
 
-def _on(device, *arrays):
+def _on(device, *arrays, dtype=None):
+    """The arrays as tensors on `device` (in `dtype`, a torch dtype, where given)."""
     t = _torch()
-    return [t.from_numpy(np.ascontiguousarray(a)).to(device) for a in arrays]
+    return [t.from_numpy(np.ascontiguousarray(a)).to(device, dtype) for a in arrays]
 
 
 def _array(x) -> np.ndarray:
@@ -47,7 +48,7 @@ def _array(x) -> np.ndarray:
 def _numpy(x):
     if isinstance(x, (tuple, list)):
         return tuple(_numpy(v) for v in x)
-    return x.detach().cpu().numpy()
+    return x.detach().float().cpu().numpy()  # fp16 / bf16 results as float32
 
 
 def _baseline(run, shape=lambda r: r, expected=None) -> Baseline:
@@ -163,10 +164,11 @@ def lstm_module(wss, uss, bss):
     return lstm
 
 
-def nn_lstm(xss, wss, uss, bss, device="cpu", compile=False) -> Baseline:
-    """stacked_lstm through torch.nn.LSTM (cuDNN on a GPU): the top layer's hidden states."""
-    (x,) = _on(device, _sequence(xss))
-    lstm = lstm_module(wss, uss, bss).to(device)
+def nn_lstm(xss, wss, uss, bss, device="cpu", compile=False, dtype=None) -> Baseline:
+    """stacked_lstm through torch.nn.LSTM (cuDNN on a GPU): the top layer's hidden states;
+    `dtype` (a torch dtype) of its weights and inputs."""
+    (x,) = _on(device, _sequence(xss), dtype=dtype)
+    lstm = lstm_module(wss, uss, bss).to(device, dtype)
     return _baseline(lambda: lstm(x)[0], lambda r: r[:, :, None, :],
                      expected=lambda eager: _array(eager[0])[:, -1])
 
@@ -202,10 +204,10 @@ def grid_cell_loop(xss, yss, wx, wy, ws, u1s, u2s, bs, device="cpu", compile=Fal
 
 # -- attention and GEMMs ---------------------------------------------------------------------
 
-def two_matmuls(a_tiles, b_tiles, c_tiles, device="cpu", compile=False) -> Baseline:
-    """b2b_gemm: (A @ B) @ C on the whole matrices (cuBLAS on a GPU)."""
+def two_matmuls(a_tiles, b_tiles, c_tiles, device="cpu", compile=False, dtype=None) -> Baseline:
+    """b2b_gemm: (A @ B) @ C on the whole matrices (cuBLAS on a GPU), in `dtype` where given."""
     *matrices, shape = b2b_matrices(a_tiles, b_tiles, c_tiles)
-    A, Bm, Cm = _on(device, *matrices)
+    A, Bm, Cm = _on(device, *matrices, dtype=dtype)
     fn = _compiled(lambda: (A @ Bm) @ Cm, compile)
     return _baseline(fn, lambda r: r.reshape(shape))
 
@@ -218,21 +220,22 @@ def b2b_matrices(a_tiles, b_tiles, c_tiles):
             (a.shape[0], a.shape[1], c.shape[-1]))
 
 
-def sdpa(qsss, ksss, vsss, device="cpu", compile=False) -> Baseline:
-    """flash_attention: torch scaled_dot_product_attention over the whole sequences."""
+def sdpa(qsss, ksss, vsss, device="cpu", compile=False, dtype=None) -> Baseline:
+    """flash_attention: torch scaled_dot_product_attention over the whole sequences (with fp16
+    or bf16 `dtype` on a GPU it can take FlashAttention-2's kernel)."""
     t = _torch()
-    q, k, v = _on(device, *(x.to_numpy() for x in (qsss, ksss, vsss)))  # [B, NH, T, t, d]
+    q, k, v = _on(device, *(x.to_numpy() for x in (qsss, ksss, vsss)), dtype=dtype)  # [B, NH, T, t, d]
     shape = q.shape
     q2, k2, v2 = (x.reshape(x.shape[0], x.shape[1], -1, x.shape[-1]) for x in (q, k, v))
     fn = _compiled(lambda: t.nn.functional.scaled_dot_product_attention(q2, k2, v2), compile)
     return _baseline(fn, lambda r: r.reshape(shape))
 
 
-def blocked_bigbird(qss, kss, vss, device="cpu", compile=False) -> Baseline:
+def blocked_bigbird(qss, kss, vss, device="cpu", compile=False, dtype=None) -> Baseline:
     """bigbird: query blocks 2..nb-3 against their window of 3 key blocks and the first and
     last (global) key blocks, gathered into one [B, nb - 4, 5 bs, d] tensor per operand."""
     t = _torch()
-    q, k, v = _on(device, *(x.to_numpy() for x in (qss, kss, vss)))  # [B, nb, bs, d]
+    q, k, v = _on(device, *(x.to_numpy() for x in (qss, kss, vss)), dtype=dtype)  # [B, nb, bs, d]
     B, nb, bs, d = q.shape
     scale = 1.0 / np.sqrt(d)
 

@@ -2,11 +2,13 @@
 from . import errors
 from .affine import Length
 from .types import FTType, Spec, parse_type, spec
-from .fractaltensor import FractalTensor, Zip
+from .fractaltensor import FractalTensor, Zip, arange
 from .operators import map, reduce, foldl, foldr, scanl, scanr, zip, product
 from .elementmath import (tanh, sigmoid, exp, log, sqrt, relu, maximum, minimum, max, sum, mean,
                           softmax, concat, zeros, zeros_like, ones, full, matmul, transpose, log1p, softplus,
-                          abs, pow, where, logsumexp, reshape, squeeze, unsqueeze, scatter_add, index_add)
+                          abs, pow, where, logsumexp, reshape, squeeze, unsqueeze, scatter_add, index_add,
+                          sin, cos, tan, erf, gelu, rsqrt, sign, floor, clip, var, stack,
+                          logical_and, logical_or, logical_xor, logical_not)
 from .tracing import trace
 from .autodiff import vjp, grad
 from . import autodiff_rules  # noqa: F401  (registers the adjoints autodiff records with)

@@ -311,6 +311,14 @@ def _binop(name: str, swap: bool):
 for _name in ("add", "sub", "mul", "truediv", "matmul", "pow"):
     setattr(ADValue, f"__{_name}__", _binop(_name, False))
     setattr(ADValue, f"__r{_name}__", _binop(_name, True))
+# comparisons and logic: 0/1 masks without a gradient, as on traced values (`tracing.Value`)
+for _name, _prim in (("gt", "greater"), ("lt", "less"), ("ge", "greater_equal"), ("le", "less_equal"),
+                     ("eq", "equal"), ("ne", "not_equal")):
+    setattr(ADValue, f"__{_name}__", _binop(_prim, False))
+for _name in ("and", "or", "xor"):
+    setattr(ADValue, f"__{_name}__", _binop(f"logical_{_name}", False))
+    setattr(ADValue, f"__r{_name}__", _binop(f"logical_{_name}", True))
+ADValue.__invert__ = lambda self: bind("logical_not", (self,), {})
 
 
 def bind(name: str, args, attrs: dict):

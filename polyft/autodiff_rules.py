@@ -197,6 +197,8 @@ def _where(ct, out, prims, attrs):
             _unbroadcast(em.where(mask, zeros_like(ct), ct), _operand_shape(b))]
 
 
+_TWO_OVER_SQRT_PI, _SQRT1_2, _INV_SQRT_2PI = 1.1283791670955126, 0.7071067811865476, 0.3989422804014327
+
 RULES = {
     "add": _binary(lambda ct, o, a, b: ct, lambda ct, o, a, b: ct),
     "sub": _binary(lambda ct, o, a, b: ct, lambda ct, o, a, b: -ct),
@@ -223,6 +225,17 @@ RULES = {
     # the operand the result came from (a where o - b is nonzero: o is a) takes the cotangent
     "maximum": _binary(lambda ct, o, a, b: _select(o - b, ct), lambda ct, o, a, b: _select(o - b, zeros_like(ct), ct)),
     "minimum": _binary(lambda ct, o, a, b: _select(o - b, ct), lambda ct, o, a, b: _select(o - b, zeros_like(ct), ct)),
+    "sin": _unary(lambda ct, o, x: ct * em.cos(x)),
+    "cos": _unary(lambda ct, o, x: -ct * em.sin(x)),
+    "tan": _unary(lambda ct, o, x: ct * (1.0 + o * o)),
+    "erf": _unary(lambda ct, o, x: ct * _TWO_OVER_SQRT_PI * em.exp(-x * x)),
+    # d/dx x Phi(x) = Phi(x) + x phi(x)
+    "gelu": _unary(lambda ct, o, x: ct * (0.5 + 0.5 * em.erf(x * _SQRT1_2) + x * _INV_SQRT_2PI * em.exp(-0.5 * x * x))),
+    "rsqrt": _unary(lambda ct, o, x: ct * -0.5 * o * o * o),
+    # piecewise constant: zero almost everywhere (as torch's sign, floor and comparisons)
+    **{name: lambda ct, out, prims, attrs: [None] * len(prims)
+       for name in ("sign", "floor", "greater", "less", "greater_equal", "less_equal", "equal", "not_equal",
+                    "logical_and", "logical_or", "logical_xor", "logical_not")},
     "max": _max,
     "sum": _sum,
     "mean": _mean,
@@ -270,6 +283,17 @@ def access(xs, op: str, *args):
             (lambda ct: ft_aggregate("reduce", add, ct))
     result = wrap(out, tape)
     tape.record(op, [xs], [result], lambda cts: [back(cts[0])])
+    return result
+
+
+def join(xs, ys):
+    """`xs.join(ys)` with either being differentiated; the cotangent splits where the parts meet."""
+    px, py = primal(xs), primal(ys)
+    tape = recording() or (xs if is_ad(xs) else ys).tape
+    result = wrap(px.join(py), tape)
+    n = _concrete_length(px, "join")
+    tape.record("join", [xs if is_ad(xs) else None, ys if is_ad(ys) else None], [result],
+                lambda cts: [cts[0][:n], cts[0][n:]])
     return result
 
 
@@ -389,7 +413,7 @@ def _regroup(lists, flat):
         if not isinstance(xs, Zip):
             out.append(flat[k])
         else:
-            out.append(tuple(flat[k:k + n]) if xs.depth == 1 else Zip(flat[k:k + n], xs.depth - 1))
+            out.append(tuple(flat[k:k + n]) if xs.depth == 1 else Zip(flat[k:k + n], xs.depth - 1, element=True))
         k += n
     return out
 
@@ -751,3 +775,4 @@ def _reverse_segments(reverse, body, comps_p, checkpoints, init_p, structure, ct
 
 
 HANDLERS.update(compute=compute, access=access, rules=RULES)
+HANDLERS["join"] = join

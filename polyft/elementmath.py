@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from . import recording, tracing
-from .errors import DepthError
-from .fractaltensor import FractalTensor, ListBase, check_dtype, is_traced
-from .primitives import PRIMITIVES, permutation, reshaped, squeezed, unsqueezed
+from .errors import DepthError, ShapeError
+from .fractaltensor import FractalTensor, ListBase, check_dtype, describe_operand, is_traced
+from .primitives import PRIMITIVES, fmt_shape, normalize_axis, permutation, reshaped, squeezed, unsqueezed
 
 
 def _bind(name: str, args: tuple, attrs: dict):
@@ -29,7 +29,7 @@ def _bind(name: str, args: tuple, attrs: dict):
 def _shape(x, name: str) -> tuple:
     """The static shape of a tensor operand; a list's elements are the tensors (a DepthError)."""
     if isinstance(x, ListBase):
-        raise DepthError(f"works on static-shape tensors, got the list {x!r}; apply it to each "
+        raise DepthError(f"works on static-shape tensors, got {describe_operand(x)}; apply it to each "
                          "element with ft.map", op=name)
     return tuple(x.shape) if hasattr(x, "shape") else np.shape(x)
 
@@ -64,6 +64,69 @@ def log1p(x):
 def softplus(x):
     """log(1 + exp(x)) as numpy's logaddexp(0, x): no overflow for large x."""
     return _bind("softplus", (x,), {})
+
+
+def sin(x):
+    return _bind("sin", (x,), {})
+
+
+def cos(x):
+    return _bind("cos", (x,), {})
+
+
+def tan(x):
+    return _bind("tan", (x,), {})
+
+
+def erf(x):
+    """The error function (numpy has none: computed in float64 and rounded to x's dtype)."""
+    return _bind("erf", (x,), {})
+
+
+def gelu(x):
+    """GELU in its exact (erf) form, x * Phi(x) = 0.5 * x * (1 + erf(x / sqrt 2)), not the tanh
+    approximation; computed as 0.5 * x * erfc(-x / sqrt 2) in float64, accurate for x < 0 too."""
+    return _bind("gelu", (x,), {})
+
+
+def rsqrt(x):
+    """1 / sqrt(x) (rsqrt(0) is inf, rsqrt(-0) is -inf, as numpy's 1 / np.sqrt(x))."""
+    return _bind("rsqrt", (x,), {})
+
+
+def sign(x):
+    """numpy's sign: -1, 0 or 1 (NaN stays NaN, -0 gives 0)."""
+    return _bind("sign", (x,), {})
+
+
+def floor(x):
+    return _bind("floor", (x,), {})
+
+
+def clip(x, lo=None, hi=None):
+    """numpy's clip: minimum(maximum(x, lo), hi) (so hi wins where lo > hi; a NaN x stays NaN);
+    None leaves that side open."""
+    if lo is None and hi is None:
+        raise ShapeError("needs lo or hi (or both); clip(x, None, None) would clip nothing", op="clip")
+    out = x if lo is None else maximum(x, lo)
+    return out if hi is None else minimum(out, hi)
+
+
+def logical_and(a, b):
+    """a and b, nonzero meaning true: a 0/1 mask (numpy's bool eagerly on bool masks)."""
+    return _bind("logical_and", (a, b), {})
+
+
+def logical_or(a, b):
+    return _bind("logical_or", (a, b), {})
+
+
+def logical_xor(a, b):
+    return _bind("logical_xor", (a, b), {})
+
+
+def logical_not(x):
+    return _bind("logical_not", (x,), {})
 
 
 def abs(x):
@@ -107,6 +170,13 @@ def mean(x, axis=None, keepdims: bool = False):
     return _bind("mean", (x,), {"axis": axis, "keepdims": keepdims})
 
 
+def var(x, axis=None, keepdims: bool = False, ddof: int = 0):
+    """numpy's var: the mean of |x - mean(x)|^2 over axis (divided by n - ddof), as numpy computes it."""
+    d = x - mean(x, axis=axis, keepdims=True)
+    n = int(np.prod([_shape(x, "var")[a] for a in normalize_axis("var", _shape(x, "var"), axis)]))
+    return sum(d * d, axis=axis, keepdims=keepdims) / float(n - ddof)
+
+
 def logsumexp(x, axis=None, keepdims: bool = False):
     """log(sum(exp(x))) along axis, shifted by the max where it is finite (scipy's semantics)."""
     return _bind("logsumexp", (x,), {"axis": axis, "keepdims": keepdims})
@@ -136,6 +206,18 @@ def concat(xs, axis: int = 0):
     if isinstance(xs, FractalTensor) and xs.depth == 1:
         parts = tuple(xs)
     return _bind("concat", parts, {"axis": axis})
+
+
+def stack(xs, axis: int = 0):
+    """numpy's stack: tensors of one shape joined along a new axis (a tuple/list, or a depth-1 list)."""
+    parts = tuple(xs) if isinstance(xs, (tuple, list)) or (isinstance(xs, ListBase) and xs.depth == 1) else (xs,)
+    if not parts:
+        raise ShapeError("needs at least one tensor", op="stack")
+    shapes = {_shape(x, "stack") for x in parts}
+    if len(shapes) > 1:
+        raise ShapeError(f"all tensors must have one shape, got {', '.join(fmt_shape(s) for s in shapes)}", op="stack")
+    (ax,) = normalize_axis("stack", (1,) * (len(next(iter(shapes))) + 1), axis)
+    return concat(tuple(unsqueeze(x, ax) for x in parts), axis=ax)
 
 
 def matmul(a, b):

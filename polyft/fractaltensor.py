@@ -14,10 +14,10 @@ import operator
 
 import numpy as np
 
-from . import pytree
+from . import pytree, recording
 from .affine import Length
 from .errors import (AccessError, DepthError, DTypeError, IndexRangeError, LengthMismatchError,
-                     RaggedError, ShapeError, WindowError)
+                     RaggedError, ShapeError, TracerControlFlowError, WindowError)
 from .types import DTYPES, FTType, dtype_name
 
 
@@ -157,13 +157,50 @@ class ListBase:
         """`ys[i] = xs[L-1-i]`."""
         return self[::-1]
 
-    def shifted_slide(self, window: int):
-        """Listing 4's window centred on every element (zeros past the ends): same length."""
+    def shifted_slide(self, window: int, dilation: int = 1):
+        """Listing 4's window centred on every element (zeros past the ends): same length; with a
+        dilation d, `ys[i][j] = xs[i + (j - window // 2) * d]`."""
         window = _as_int(window, "the window", "shifted_slide")
-        if window < 1 or window % 2 == 0:
-            raise WindowError(f"the window must be a positive odd size to be centred, got {window}",
-                              op="shifted_slide")
-        return self.window(window, 1, window // 2)
+        dilation = _as_int(dilation, "the dilation", "shifted_slide")
+        if window < 1 or window % 2 == 0 or dilation < 1:
+            raise WindowError(f"the window must be a positive odd size to be centred and the dilation positive, "
+                              f"got {window} and {dilation}", op="shifted_slide")
+        return self.window(window, 1, window // 2 * dilation, dilation)
+
+    def enumerate(self, dtype: str = "float32"):
+        """`ft.zip(ft.arange(len(xs), dtype), xs)`: each element with its index as a 0-d value
+        (`for i, x` in a body: `ft.map(lambda ix: f(*ix), xs.enumerate())`); the length must be
+        concrete, as arange's."""
+        length = self.length
+        if not isinstance(length, int) and not getattr(length, "is_concrete", False):
+            raise TracerControlFlowError(f"the length {length} of {self!r} is symbolic; enumerate makes a list of "
+                                         "its indices and needs a concrete length (trace with concrete inputs)",
+                                         op="enumerate")
+        return Zip([arange(int(length) if isinstance(length, int) else length.const, dtype), self])
+
+    def join(self, other):
+        """The lists one after the other along their outer dim (FractalTensor's join):
+        `zs[i] = xs[i]` for i < len(xs), `ys[i - len(xs)]` after; both of one depth and element type."""
+        if not isinstance(other, ListBase):
+            raise DepthError(f"joins two lists, got {self!r} and {describe_operand(other)}", op="join")
+        if getattr(self, "_ad", False) or getattr(other, "_ad", False):  # being differentiated (ft.vjp)
+            return recording.HANDLERS["join"](self, other)
+        if isinstance(self, Zip) or isinstance(other, Zip):
+            if not (isinstance(self, Zip) and isinstance(other, Zip) and len(self.components) == len(other.components)
+                    and self.depth == other.depth):
+                raise DepthError(f"joins a zip with a zip of as many lists, got {self!r} and {other!r}", op="join")
+            return Zip([a.join(b) for a, b in zip(self.components, other.components)], self.depth)
+        if (self.depth, tuple(self.element_shape), str(self.dtype)) != \
+                (other.depth, tuple(other.element_shape), str(other.dtype)):
+            raise ShapeError(f"joins lists of one depth and element type, got {self.type_string} and "
+                             f"{other.type_string}", op="join")
+        if self._traced != other._traced:
+            raise AccessError(f"joins two lists of the program (its inputs and views of them), got {self!r} and "
+                              f"{other!r}; pass the other list as an input", op="join")
+        return self._join(other)
+
+    def _join(self, other):
+        raise NotImplementedError
 
     # -- arithmetic belongs to the elements ---------------------------------------------
     def _elementwise_only(symbol):
@@ -468,6 +505,9 @@ class FractalTensor(ListBase):
             return self._like([self._like([item] * n) for item in self._items], self._depth + 1)
         return self._like([self] * n, self._depth + 1)
 
+    def _join(self, other) -> "FractalTensor":
+        return self._like(self._items + list(other._items))
+
 
 def gather_indices(indices, length, list_type: str) -> np.ndarray:
     """Gather's indices as int64, checked: a 1-D sequence of any integer dtype, each in
@@ -566,8 +606,9 @@ class Zip(ListBase):
     `ft.product` (an element is a depth-1 Zip of pairs).
     """
 
-    def __init__(self, components, depth: int = 1):
+    def __init__(self, components, depth: int = 1, element: bool = False):
         self.components = tuple(components)
+        self._element = element  # an element of a deeper zip: unpacks into its lists (`__iter__`)
         check_lists(self.components, "zip")
         check_same_length(self.components, "zip")
         shallow = [c for c in self.components if c.depth < depth]
@@ -581,6 +622,15 @@ class Zip(ListBase):
 
     def __len__(self):
         return len(self.components[0])
+
+    def __iter__(self):
+        """A zip's tuples, one per position; but an element of a deeper zip (a window, chunk or
+        product row of zipped lists) unpacks into its lists, as FractalTensor's do: `wk, wv = win`
+        for a window `win` over `ft.zip(ks, vs)` gives the keys' and the values' windows, not the
+        window's first two pairs (`win[j]` is its j-th pair)."""
+        if self._element:
+            return iter(self.components)
+        return super().__iter__()
 
     @property
     def length(self):
@@ -596,7 +646,9 @@ class Zip(ListBase):
         if isinstance(index, slice):
             return self._each(self.depth, "__getitem__", index)
         parts = [c[index] for c in self.components]
-        return Zip(parts, self.depth - 1) if self.depth > 1 else tuple(parts)
+        if self.depth == 1:
+            return tuple(parts)
+        return Zip(parts, self.depth - 1, element=True)
 
     def window(self, size: int, stride: int = 1, padding=0, dilation: int = 1) -> "Zip":
         return self._each(self.depth + 1, "window", size, stride, padding, dilation)
@@ -621,3 +673,13 @@ class Zip(ListBase):
 
     def _repeat(self, n, inner: bool) -> "Zip":
         return self._each(self.depth + 1, "_repeat", n, inner)
+
+
+def arange(n: int, dtype: str = "float32") -> FractalTensor:
+    """The list [0, 1, ..., n - 1] of 0-d values (indices as values: positions, masks by index);
+    float32 by default, unlike numpy's int64, so that `x * i` keeps a float32 x float32. A constant
+    of the program when traced: n must be an int."""
+    n = _as_int(n, "the length of arange", "arange")
+    if n < 0:
+        raise WindowError(f"the length of arange must be >= 0, got {n}", op="arange")
+    return FractalTensor.from_numpy(np.arange(n).astype(check_dtype(dtype, "arange")), 1)

@@ -13,7 +13,9 @@ from .fractaltensor import ListBase, Zip, check_lists, is_traced
 def _compute(op: str, f, lists: tuple, init):
     if recording.recording() is not None:  # inside ft.vjp / ft.grad: recorded with its adjoint
         return recording.HANDLERS["compute"](op, f, lists, init)
-    if any(is_traced(x) for x in (*lists, *pytree.leaves(init))):
+    # inside a trace, lists the program captured (`ft.arange(n)`) are its constants: a body over them
+    # may read the program's traced values, so it is traced too
+    if tracing.tracing() or any(is_traced(x) for x in (*lists, *pytree.leaves(init))):
         return tracing.traced_compute(op, f, lists, init)
     return eager.compute(op, f, lists, init)
 

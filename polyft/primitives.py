@@ -9,6 +9,7 @@ and `interpret` look operations up here, so what an operation computes is writte
 """
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import dataclass
 from typing import Callable
@@ -144,6 +145,35 @@ def _scatter_add(x, ids, n, combine="sum"):
     return out
 
 
+def _mask(ufunc):
+    """A comparison or logical operation as a 0/1 tensor of the operands' dtype (numpy's promotion:
+    float32 > 0 is a float32 mask), the form compiled code computes it in (it has no bool type);
+    numpy's own NaN rule (NaN compares false, except `!=`)."""
+    def impl(*xs):
+        return ufunc(*xs).astype(np.result_type(*xs))
+    impl.__name__ = ufunc.__name__
+    return impl
+
+
+def _in_float64(f):
+    """An element function numpy lacks, computed per element in float64 by Python's math module
+    and rounded once to the operand's dtype (the reference the targets' libm calls are held to)."""
+    vec = np.frompyfunc(f, 1, 1)
+
+    def impl(x):
+        x = np.asarray(x)
+        dtype = x.dtype if x.dtype.kind == "f" else np.dtype(np.float64)
+        with np.errstate(invalid="ignore"):  # a NaN operand is a NaN result, as numpy's own functions
+            return np.asarray(vec(x.astype(np.float64)), np.float64).astype(dtype)
+    return impl
+
+
+def _gelu(x: float) -> float:
+    """GELU, the erf form x * Phi(x), as 0.5 * x * erfc(-x / sqrt 2): no cancellation for x < 0;
+    below -40 (-inf too, where the product would be NaN) it is -0, the float64 value's underflow."""
+    return -0.0 if x < -40 else 0.5 * x * math.erfc(-x * 0.7071067811865476)
+
+
 PRIMITIVES = {p.name: p for p in (
     # Python's operators (on traced values: `tracing.Value`'s dunder methods)
     Primitive("add", operator.add),
@@ -168,6 +198,25 @@ PRIMITIVES = {p.name: p for p in (
     Primitive("sqrt", np.sqrt),
     Primitive("log1p", np.log1p),  # log(1 + x), exact near 0
     Primitive("softplus", lambda x: np.logaddexp(0, x)),  # log(1 + e^x), without overflow
+    Primitive("sin", np.sin),
+    Primitive("cos", np.cos),
+    Primitive("tan", np.tan),
+    Primitive("erf", _in_float64(math.erf)),
+    Primitive("gelu", _in_float64(_gelu)),  # the erf form (not the tanh approximation)
+    Primitive("rsqrt", lambda x: 1 / np.sqrt(x)),  # 1 / sqrt(x), two roundings, as the targets compute it
+    Primitive("sign", np.sign),  # numpy's: sign(NaN) is NaN, sign(-0) is +0
+    Primitive("floor", np.floor),
+    # comparisons and logic on traced values: 0/1 masks (`_mask`)
+    Primitive("greater", _mask(np.greater), _broadcast_rule),
+    Primitive("less", _mask(np.less), _broadcast_rule),
+    Primitive("greater_equal", _mask(np.greater_equal), _broadcast_rule),
+    Primitive("less_equal", _mask(np.less_equal), _broadcast_rule),
+    Primitive("equal", _mask(np.equal), _broadcast_rule),
+    Primitive("not_equal", _mask(np.not_equal), _broadcast_rule),
+    Primitive("logical_and", _mask(np.logical_and), _broadcast_rule),
+    Primitive("logical_or", _mask(np.logical_or), _broadcast_rule),
+    Primitive("logical_xor", _mask(np.logical_xor), _broadcast_rule),
+    Primitive("logical_not", _mask(np.logical_not)),
     Primitive("where", np.where, _where_rule),  # where(mask, a, b): a where mask is nonzero (NaN too)
     Primitive("relu", lambda x: np.maximum(x, 0)),
     Primitive("zeros_like", np.zeros_like),

@@ -15,6 +15,7 @@ from polyft.deps.model import build, check_addressable, check_sizes
 from polyft.emit.c_statements import native_dtype
 from polyft.emit.c_target import CTarget, packed_weights
 from polyft.emit.gpu_count import count as count_traffic
+from polyft.emit.race_check import races as find_races
 from polyft.emit.targets import select
 from polyft.schedule.coarsen import coarsen as coarsen_etdg
 from polyft.schedule.provenance import Coarsening
@@ -234,6 +235,19 @@ class CompiledProgram(Program):
         out.attrs["launches"] = launched
         out.attrs["outputs"] = self._result(storage)
         return out
+
+    def emulated_races(self, *inputs, **named) -> list:
+        """Shared-memory races in this call (emit.race_check; target "cuda-emulated" only): the
+        module the "cuda" target generates, at a GPU's block size, run by the emulator with
+        every shared-memory access checked against the others of its barrier interval. A list
+        of reports, empty where there are none."""
+        if self.target != "cuda-emulated":
+            raise PolyftError(f"emulated_races() runs the CUDA emulator; this program is compiled for target "
+                              f"{self.target!r}: compile it with target='cuda-emulated'", op="emulated_races")
+        module = self._cuda_module(self.precision)
+        values, given = self._checked(self._positional(inputs, named))
+        storage = self._allocated(values, given, module.layout)
+        return find_races(module, [storage[b] for b in module.layout.buffers], values)
 
     @property
     def host_driver(self) -> str:

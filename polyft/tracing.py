@@ -88,6 +88,11 @@ class _TraceState:
 _TRACING = threading.local()  # .state: this thread's trace in progress; threads trace independently
 
 
+def tracing() -> bool:
+    """Whether this thread is tracing a program."""
+    return getattr(_TRACING, "state", None) is not None
+
+
 def _state() -> _TraceState:
     st = getattr(_TRACING, "state", None)
     if st is None:
@@ -104,7 +109,7 @@ class Value:
     """A static-shape tensor inside a traced program: an operation node or a constant."""
 
     __array_priority__ = 1000
-    __hash__ = object.__hash__  # by identity: `__eq__` only refuses Python comparisons
+    __hash__ = object.__hash__  # by identity: `__eq__` records a comparison (a mask), it answers no question
     _traced = True
 
     def __init__(self, shape, dtype, node: OpNode | None = None, block=None, const=None):
@@ -177,25 +182,55 @@ class Value:
                            "place; programs are functional: build the new value instead (ft.concat of slices, or "
                            "x * mask + value * (1 - mask) with a constant mask)", op="setitem")
 
+    _compared = None  # a comparison's mask: (its symbol, its operands described), for the message below
+
     def _no_control_flow(self, *_):
+        if self._compared is not None:
+            symbol, a, b = self._compared
+            raise TracerControlFlowError(
+                f"`{symbol}` compares {a} with {b}: the result is a 0/1 mask known only when the program runs, "
+                "so Python's if/while cannot branch on it; use ft.where(mask, a, b), multiply by the mask, "
+                "or ft.maximum / ft.minimum", op="control flow")
         raise TracerControlFlowError(
             f"Python control flow on a traced {self.dtype}{list(self.shape)} value: its contents are known "
-            "only when the program runs; use ft.maximum / ft.relu / arithmetic instead of if/while/bool()",
-            op="control flow")
+            "only when the program runs; use ft.where / ft.maximum / ft.relu / arithmetic instead of "
+            "if/while/bool()", op="control flow")
 
     __bool__ = __int__ = __float__ = __index__ = __iter__ = _no_control_flow
 
-    def _comparison(symbol):
+    def _comparison(name, symbol):
         def f(self, other):
-            raise TracerControlFlowError(
-                f"`{symbol}` compares a traced {self.dtype}{list(self.shape)} value with {describe_operand(other)}: "
-                "the result is known only when the program runs, so Python's if/while cannot branch on it; "
-                "use ft.maximum / ft.minimum / ft.relu / arithmetic instead", op="control flow")
+            if not isinstance(other, (Value, int, float, np.generic, np.ndarray)) or isinstance(other, bool):
+                return NotImplemented  # `x == None`, `x == "a"`: Python's identity comparison
+            mask = apply_op(name, (self, other), {})
+            mask._compared = (symbol, describe_operand(self), describe_operand(other))
+            return mask
+        f.__name__ = name
+        f.__doc__ = f"numpy's {name} as a 0/1 mask of the operands' dtype (compiled code has no bool type)."
         return f
 
-    __lt__, __le__, __gt__, __ge__ = _comparison("<"), _comparison("<="), _comparison(">"), _comparison(">=")
-    __eq__, __ne__ = _comparison("=="), _comparison("!=")
+    __lt__, __le__, __gt__, __ge__ = _comparison("less", "<"), _comparison("less_equal", "<="), \
+        _comparison("greater", ">"), _comparison("greater_equal", ">=")
+    __eq__, __ne__ = _comparison("equal", "=="), _comparison("not_equal", "!=")
     del _comparison
+
+    def _logical(name, swap=False):
+        def f(self, *other):
+            if np.dtype(self.dtype).kind != "f" or any(isinstance(o, Value) and np.dtype(o.dtype).kind != "f"
+                                                       for o in other):
+                raise errors.DTypeError(f"`&`, `|`, `^` and `~` on traced values are logical operations on 0/1 "
+                                        f"masks (a comparison's float result), not bitwise ones on "
+                                        f"{describe_operand(self)}; use ft.{name} for a logical operation on "
+                                        "integers", op=name)
+            args = (other[0], self) if swap else (self,) + other
+            return apply_op(name, args, {})
+        return f
+
+    __and__, __rand__ = _logical("logical_and"), _logical("logical_and", True)
+    __or__, __ror__ = _logical("logical_or"), _logical("logical_or", True)
+    __xor__, __rxor__ = _logical("logical_xor"), _logical("logical_xor", True)
+    __invert__ = _logical("logical_not")
+    del _logical
 
     def _reduction(name):
         def f(self, axis=None, keepdims=False):
@@ -241,9 +276,13 @@ class Value:
 _UFUNCS = {np.add: "add", np.subtract: "sub", np.multiply: "mul", np.true_divide: "truediv",
            np.negative: "neg", np.matmul: "matmul", np.tanh: "tanh", np.exp: "exp", np.log: "log",
            np.sqrt: "sqrt", np.maximum: "maximum", np.minimum: "minimum", np.power: "pow", np.absolute: "abs",
-           np.log1p: "log1p"}
+           np.log1p: "log1p", np.sin: "sin", np.cos: "cos", np.tan: "tan", np.sign: "sign", np.floor: "floor",
+           np.greater: "greater", np.less: "less", np.greater_equal: "greater_equal", np.less_equal: "less_equal",
+           np.equal: "equal", np.not_equal: "not_equal", np.logical_and: "logical_and", np.logical_or: "logical_or",
+           np.logical_xor: "logical_xor", np.logical_not: "logical_not"}
 # the table's operations that are Python operators or internal, not `ft.` functions
-_NOT_FT = {"add", "sub", "mul", "truediv", "neg", "getitem", "copy", "astype"}
+_NOT_FT = {"add", "sub", "mul", "truediv", "neg", "getitem", "copy", "astype", "permute", "greater", "less",
+           "greater_equal", "less_equal", "equal", "not_equal"}
 _FT_NAMES = {"amax": "max", "concatenate": "concat", "swapaxes": "transpose"}
 
 
@@ -365,8 +404,8 @@ def _const_value(x, op="trace") -> Value:
         _state().capture(x)
         return Value(x.shape, x.dtype.name, const=x)
     if isinstance(x, ListBase):
-        raise DepthError(f"works on tensors, not on {describe_operand(x)}; apply it to each element with map",
-                         op=op)
+        raise DepthError(f"works on static-shape tensors, got {describe_operand(x)}; apply it to each element "
+                         "with ft.map", op=op)
     raise ReturnTypeError(f"expected a tensor, got {type(x).__name__}", op=op)
 
 
@@ -554,6 +593,11 @@ class FTTracer(ListBase):
         return IterDim("_", 0)
 
     def _slice(self, s: slice):
+        if any(isinstance(v, Value) for v in (s.start, s.stop, s.step)):
+            raise TracerControlFlowError(
+                f"a slice of {self.type_string} bounded by a traced value (xs[:i] over an index i): lengths that "
+                "depend on an enclosing index are not supported compiled; mask by index instead, e.g. "
+                "ft.map(lambda j, x: x * (j < i), ft.arange(n), xs)", op="slice")
         step = 1 if s.step is None else int(s.step)
         if step == 0:
             raise WindowError("slice step cannot be zero", op="slice")
@@ -598,9 +642,8 @@ class FTTracer(ListBase):
             for m in self.lengths[1:]:
                 ragged_length(m, "a padded window over the lists")
         if n.is_concrete and span > n.const + lo + hi:
-            raise WindowError(f"window of size {size}{f' dilated by {dilation}' if dilation > 1 else ''} is larger "
-                              f"than the list of length {n}" + (f" padded by {lo}+{hi}" if lo or hi else "")
-                              + f" ({self.type_string})", op="window")
+            raise WindowError(f"a window of size {size}{f' dilated by {dilation}' if dilation > 1 else ''} does not "
+                              f"fit the list {self.type_string} padded by ({lo}, {hi})", op="window")
         if not n.is_concrete:
             _state().assume(n + lo + hi - span, f"window({size})")
         w, j = self._new_place(), self._new_place()
@@ -617,6 +660,25 @@ class FTTracer(ListBase):
                Piece((Constraint(pos - Aff.of(n)),), None, (), zero)]
         inside.pieces += [p.substitute({}) for p in pad]
         return inside
+
+    def _join(self, other):
+        """Piecewise: position q reads xs[q] where q < n, ys[q - n] from n on (an access map over
+        the union of the parts' domains: a consumer reads both in place, nothing is copied)."""
+        n, m = self.lengths[0], other.lengths[0]
+        ragged_length(n, "join")
+        ragged_length(m, "join")
+        for a, b in zip(self.lengths[1:], other.lengths[1:]):
+            ragged_length(a, "join")
+            if a != b:
+                raise LengthMismatchError(f"joins lists whose inner lengths agree, got {self.type_string} and "
+                                          f"{other.type_string}", op="join")
+        q = self._new_place()
+        lengths, places = [n + m] + self.lengths[1:], [q] + self.places[1:]
+        first = self._reindex({self.places[0]: Aff.of(q)}, lengths, places, extra=(ge(Aff.of(n - 1), Aff.of(q)),))
+        env = {other.places[0]: Aff.of(q) - Aff.of(n), **dict(zip(other.places[1:], map(Aff.of, self.places[1:])))}
+        second = other._reindex(env, lengths, places, extra=(ge(Aff.of(q), Aff.of(n)),))
+        first.pieces += second.pieces
+        return first
 
     def strided_split(self, d: int):
         n = self.lengths[0]
@@ -976,7 +1038,7 @@ def _element(src, pos: Aff):
     """The element at `pos`; a zip over several levels yields a zip one level shallower."""
     if isinstance(src, Zip):
         parts = [_element(c, pos) for c in src.components]
-        return Zip(parts, src.depth - 1) if src.depth > 1 else tuple(parts)
+        return Zip(parts, src.depth - 1, element=True) if src.depth > 1 else tuple(parts)
     return src._bind(pos)
 
 
@@ -1030,8 +1092,8 @@ def _copy(x):
 def _check_state(state, res, op):
     if pytree.structure(state) != pytree.structure(res) or any(
             _type_of(a) != _type_of(b) for a, b in zip(pytree.leaves(state), pytree.leaves(res))):
-        raise StateTypeError(f"the state's type changes: init is {_type_of(state)}, "
-                             f"the function returns {_type_of(res)}", op=op)
+        raise StateTypeError(f"the state has type {_type_of(state)} but the function returned {_type_of(res)}; "
+                             "the state's type must be the same at every step", op=op)
 
 
 def _lift_init(init, op):

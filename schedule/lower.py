@@ -19,8 +19,12 @@ from polyft.errors import ScheduleError
 from polyft.etdg import OpNode, access_maps
 from polyft.primitives import getitem_axes
 
-_IDENTITY_OPS = {"neg", "copy", "astype", "tanh", "sigmoid", "exp", "log", "sqrt", "relu"}
-_BROADCAST_OPS = {"add", "sub", "mul", "truediv", "maximum", "minimum"}
+# every operation the targets compute element by element (emit/c_statements.py UNARY and BINARY; a
+# test holds the tables together): output element e reads element e of each operand, broadcast
+_IDENTITY_OPS = {"neg", "copy", "astype", "tanh", "sigmoid", "exp", "log", "sqrt", "relu", "sin", "cos", "tan",
+                 "erf", "gelu", "rsqrt", "sign", "floor", "logical_not", "abs", "log1p", "softplus", "zeros_like"}
+_BROADCAST_OPS = {"add", "sub", "mul", "truediv", "maximum", "minimum", "pow", "where", "greater", "less",
+                  "greater_equal", "less_equal", "equal", "not_equal", "logical_and", "logical_or", "logical_xor"}
 
 
 def _names(prefix, n):

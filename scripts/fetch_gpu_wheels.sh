@@ -1,24 +1,44 @@
 #!/usr/bin/env bash
-# Run here (with network to PyPI) before a GPU session: downloads what the device lacks into
-# .whl/ (git-ignored): wheels of polyft's pure-Python/binary dependencies for the device's
-# Python 3.12 on x86-64, and the PyCUDA sdist, which gpu_session.sh builds on the device.
+# Run here (with network to PyPI) before a GPU session: downloads into .whl/ (git-ignored) the
+# files scripts/gpu_pins.txt pins (PyCUDA's and cgen's sdists, the wheels of islpy, pytools,
+# platformdirs, siphash24 and mako for the GPU machine's Python 3.12 on x86-64) and checks each
+# against its sha256; a file already there with the right hash is kept. Carry .whl to the GPU
+# machine (scripts/gpu_session.sh checks the hashes again there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .whl
-plat="--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64"
-for pkg in islpy pytools platformdirs siphash24 mako; do
-  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    $plat -d .whl "$pkg"
-done
-python3 -m pip wheel -q --no-deps -w .whl cgen  # pure Python, published as an sdist only
-for w in .whl/*.whl; do  # what they need beyond the device's image (KINDS.md lists it)
-  echo "$w needs: $(unzip -p "$w" '*/METADATA' | grep ^Requires-Dist | grep -v extra | cut -d' ' -f2 | tr '\n' ' ')"
-done
-# the PyCUDA sdist as published (pip download would try to build its metadata here)
 python3 - <<'PY'
-import json, urllib.request
-info = json.load(urllib.request.urlopen("https://pypi.org/pypi/pycuda/json"))
-sdist = next(u for u in info["urls"] if u["packagetype"] == "sdist")
-urllib.request.urlretrieve(sdist["url"], ".whl/" + sdist["filename"])
+import hashlib, os, sys, urllib.request
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+bad = []
+for line in open("scripts/gpu_pins.txt"):
+    if not line.strip() or line.startswith("#"):
+        continue
+    digest, name, url = line.split()
+    path = os.path.join(".whl", name)
+    if os.path.exists(path) and sha256(path) == digest:
+        print(f"kept       {name}")
+        continue
+    tmp = path + ".part"
+    for attempt in (1, 2, 3):
+        try:
+            urllib.request.urlretrieve(url, tmp)
+            break
+        except OSError as e:
+            print(f"attempt {attempt}: {url}: {e}", file=sys.stderr)
+    if os.path.exists(tmp) and sha256(tmp) == digest:
+        os.replace(tmp, path)
+        print(f"downloaded {name}")
+    else:
+        bad.append(name)
+        print(f"FAILED     {name}: not downloaded, or its sha256 is not the pinned {digest}", file=sys.stderr)
+sys.exit(f"{len(bad)} pinned files missing: {', '.join(bad)}" if bad else 0)
 PY
 ls -la .whl

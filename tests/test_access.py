@@ -138,8 +138,9 @@ def test_access_operators_on_sub_lists_of_a_depth_2_list():
 
 
 def pairs(z):
-    """A zip's elements as nested Python lists of tuples."""
-    return [pairs(e) if isinstance(e, ft.Zip) else e for e in z]
+    """A zip's elements as nested Python lists of tuples (by index: an element of a deeper zip
+    iterates its lists, as `wk, wv = win` unpacks them)."""
+    return [pairs(e) if isinstance(e, ft.Zip) else e for e in (z[i] for i in range(len(z)))]
 
 
 @FAST

@@ -12,16 +12,12 @@ from polyft.emit.cuda_arena import SHARED_LIMIT
 from polyft.emit.cuda_statements import PRECISIONS, TOLERANCE
 from polyft.emit.cuda_target import CudaTarget
 from polyft.errors import CompileError, DeviceError, PolyftError
+# the GPU tests' sizes, where a GPU session finds them to compile their modules beforehand
+from polyft.experiments.gpu_modules import LARGER_LSTM, TENSOR_CORE_SIZES
 from polyft.testing import rel_error
 from polyft.workloads import WORKLOADS
 
 NAMES = list(WORKLOADS)
-# sizes whose tiles allow tensor cores (multiples of 16) for the attention and GEMM workloads
-# (and for the LSTM, whose 1-row steps become 16-row GEMMs when 16 sentences share a block)
-TENSOR_CORE_SIZES = {"stacked_lstm": dict(N=20, D=3, L=4, H=16),
-                     "flash_attention": dict(B=1, NH=2, Lq=32, Lk=48, tq=16, tk=16, d=32),
-                     "b2b_gemm": dict(M=32, N=48, K=32, P=32, tm=16, tn=16),
-                     "bigbird": dict(B=1, nb=8, bs=16, d=32)}
 
 
 def _has_gpu() -> bool:
@@ -71,9 +67,10 @@ def test_nvcc_compiles_tensor_core_gemms_for_sm80_and_sm90(name, precision, tmp_
                                          ("flash_attention", {}), ("b2b_gemm", {}), ("bigbird", dict(d=128)),
                                          ("bigbird", {}), ("bigbird", dict(bs=64))])
 def test_gpu_benchmark_sizes_fit_a_block_and_compile(name, sizes, tmp_path):
-    """What experiments/gpu_bench.py runs, and BigBird at the paper's d=512 (blocks of 32 and
-    64 rows): the tiles fit in the shared memory of an H100 / H200 block (the LSTM batching
-    fewer sentences per block at hidden 1024), on tensor cores, and nvcc compiles them."""
+    """The paper's shapes (BigBird at d=512 with blocks of 32 and 64 rows, and at d=128) and
+    the LSTM at hidden 1024: the tiles fit in the shared memory of an H100 / H200 block (the
+    LSTM batching fewer sentences per block at hidden 1024), on tensor cores, and nvcc
+    compiles them."""
     mod = WORKLOADS[name]
     prog = ft.analyze(mod.program, *mod.specs("paper", **sizes))
     gen = CudaTarget().generate(prog.model, prog.schedule, "fp16")
@@ -174,7 +171,7 @@ def test_cuda_without_gpu_is_a_clear_error():
 @pytest.mark.skipif(not _has_gpu(), reason="needs PyCUDA and a CUDA GPU (scripts/gpu_session.sh)")
 def test_gpu_larger_lstm_equals_eager():
     mod = WORKLOADS["stacked_lstm"]
-    inputs = mod.inputs("small", seed=6, N=32, D=4, L=16, H=64)
+    inputs = mod.inputs("small", seed=6, **LARGER_LSTM)
     prog = ft.compile(mod.program, *inputs, target="cuda")
     got = prog(*inputs)
     assert rel_error(got, mod.program(*inputs)) < 1e-5

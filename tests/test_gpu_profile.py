@@ -7,6 +7,7 @@ import pytest
 import polyft as ft
 from polyft.cli import main
 from polyft.emit.c_family import TILE
+from polyft.emit.gpu_profile import grid_barriers
 from polyft.errors import PolyftError
 from polyft.testing import rel_error
 from polyft.experiments.deps_time import lengths
@@ -66,9 +67,11 @@ def test_the_emulator_counts_what_the_access_relations_say(name):
 
 def test_paper_shapes_from_the_access_relations():
     """Stacked LSTM at the paper's shapes (N 256, depth 32, length 64, hidden 256): every gate
-    instance reads its 256 x 256 weights; a batch of TILE sequences shares them."""
+    instance reads its 256 x 256 weights; a batch of the module's 16 sequences shares them."""
     mod, sizes = WORKLOADS["stacked_lstm"], lengths("stacked_lstm", "paper")
-    profile = ft.analyze(mod.program, *mod.specs("paper"), sizes=sizes).gpu_profile()
+    prog = ft.analyze(mod.program, *mod.specs("paper"), sizes=sizes)
+    profile = prog.gpu_profile()
+    assert prog._cuda_module("fp32").batch == TILE == 16
     n, d, seq, h = 256, 32, 64, 256
     w = _by_buffer(profile.buffers)["wss"]
     gates = n * d * seq * 4
@@ -78,11 +81,11 @@ def test_paper_shapes_from_the_access_relations():
     io = (n * seq * h + 2 * d * 4 * h * h + d * 4 * h + 2 * n * d * seq * h) * 4  # x, w, u, b; h and c
     assert profile.totals.io_bytes == io
     assert profile.totals.launches == len(profile.kernels) == 1
-    assert profile.totals.steps == 2 * (d + seq - 1)  # per wavefront step, the gates then the cell update
-    # the program with symbolic lengths, profiled at the same ones: the same accesses, no steps known
+    assert profile.totals.grid_barriers == d + seq - 1  # one a wavefront step: its gates and cell in one band
+    # the program with symbolic lengths, profiled at the same ones: the same accesses and barriers
     symbolic = ft.analyze(mod.program, *mod.specs("paper")).gpu_profile(sizes)
     assert symbolic.buffers.global_read_bytes.tolist() == profile.buffers.global_read_bytes.tolist()
-    assert symbolic.totals.steps is None and any("grid barriers" in n for n in symbolic.notes)
+    assert symbolic.totals.grid_barriers == profile.totals.grid_barriers
 
 
 def test_kernels_ptxas_and_assumptions():
@@ -130,3 +133,27 @@ def test_cli_prints_the_profile(capsys):
     assert "polyft_k0" in out and "global bytes" in out and "DRAM at least" in out and "MT=3" in out
     assert main(["inspect", "b2b_gemm", "--profile"]) == 2
     assert "--target cuda" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_batches_and_grid_barriers_are_the_generated_codes(name):
+    """The profile's grid barriers are those the emulated kernel passes in a call, and its
+    batches those the module's source runs (none at all for b2b, flash attention and BigBird at
+    the paper's shapes: then no load is shared by a batch)."""
+    mod = WORKLOADS[name]
+    inputs = mod.inputs("small", seed=41)
+    prog = ft.compile(mod.program, *inputs, target="cuda-emulated")
+    backend = prog._run.backend
+    before = backend.grid_barriers
+    prog(*inputs)
+    passed = backend.grid_barriers - before
+    assert passed >= 1 and grid_barriers(prog.module, {}) == passed
+    profile, gpu = prog.gpu_profile(), prog._cuda_module("fp32")
+    assert profile.totals.grid_barriers == grid_barriers(gpu, {}) == passed
+    for module, shared in ((gpu, profile.buffers.shared_read_bytes),
+                           (ft.analyze(mod.program, *mod.specs("paper"))._cuda_module("fp32"), None)):
+        assert (f"min({module.batch}L, " in module.source) == (module.batch is not None)
+        if module.batch is None and shared is not None:
+            assert shared.tolist() == profile.buffers.global_read_bytes.tolist()
+    if name in ("b2b_gemm", "flash_attention", "bigbird"):
+        assert module.batch is None
