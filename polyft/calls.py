@@ -36,7 +36,17 @@ from .fractaltensor import FractalTensor, _read_only
 POOL = 2  # sets of recycled buffers a plan keeps between calls (one per concurrent caller, roughly)
 MAX_KEYS = 256  # sets of input shapes remembered; beyond, the memory is cleared and starts again
 CONSTANT = ("const", "index")  # the kinds of buffer whose values the program holds
-_FREE = 2  # sys.getrefcount of an array only its _Work references (the list's and the argument's)
+
+
+def _free_count() -> int:
+    """sys.getrefcount of an array that only a list references, read as _Plan.run reads it: 2 on
+    CPython up to 3.13 (the list's and the argument's); measured, as interpreters that borrow
+    the argument's reference report one less. Anything holding the array adds one."""
+    probe = [np.empty(1)]
+    return sys.getrefcount(probe[0])
+
+
+_FREE = _free_count()
 
 
 def constant(b) -> np.ndarray:
