@@ -50,7 +50,9 @@ class MeasuredChoice:
 
     def pick(self, key):
         """The option the next call at `key` runs."""
-        s = self._seen.setdefault(key, _Seen(self.options))
+        s = self._seen.get(key)
+        if s is None:
+            s = self._seen[key] = _Seen(self.options)
         if not s.warm or len(self.options) == 1:
             return self.first
         cold = [o for o in self.options if o not in s.warm]

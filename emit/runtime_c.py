@@ -284,13 +284,21 @@ class CtypesRuntime(Runtime):
     def bind(self, arrays: list, values: dict) -> tuple:
         for a in arrays:
             assert a.flags.c_contiguous  # the caller allocates every buffer contiguously
+        pointers, call = self.caller(values)
+        bound = pointers(*[a.ctypes.data for a in arrays])
+        return (lambda arrays=arrays: call(bound)), (lambda: None)  # holds the arrays `bound` points into
+
+    def caller(self, values: dict) -> tuple:
+        """(the ctypes array type of the buffers' pointers, a function running the program on one of
+        them) at the lengths `values`: what depends on the lengths alone is made once, here (the
+        call path of polyft.calls keeps both)."""
         lengths = [int(values[p]) for p in self.module.params]
         key = (self.path, *lengths)
         params = (ctypes.c_long * max(1, len(lengths)))(*lengths)
-        pointers = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+        fn, threads = self._fn, self.threads
 
-        def run(arrays=arrays):  # holds the arrays whose addresses `pointers` has
-            if self.threads.run(key, lambda: self._fn(pointers, params)):
+        def call(pointers):
+            if threads.run(key, lambda: fn(pointers, params)):
                 raise OutOfMemoryError("the generated C could not allocate its threads' scratch for local buffers",
                                        op="run", where="generated C")
-        return run, (lambda: None)
+        return ctypes.c_void_p * len(self.module.layout.buffers), call

@@ -33,6 +33,22 @@ def cpu_name() -> str:
     return f"{platform.processor() or platform.machine()} x{os.cpu_count()}"
 
 
+def cpu_family() -> str:
+    """The CPU's family and model as /proc/cpuinfo gives them ("family 25 model 1"), or "unknown"."""
+    fields = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("cpu family", "model") and key.strip() not in fields:
+                    fields[key.strip()] = value.strip()
+                if not line.strip():
+                    break
+    except OSError:
+        pass
+    return f"family {fields['cpu family']} model {fields['model']}" if len(fields) == 2 else "unknown"
+
+
 def commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,

@@ -71,6 +71,11 @@ ARTEFACTS = {
         "threads.csv": "The generated C of every workload at Figure 7's quick shapes on one thread, on every "
                        "core and at its measured default, with the machine idle and with one core busy, and "
                        "each count's time over one thread's."}),
+    "call_overhead": Artefact("polyft.experiments.call_overhead", "The cost of a call beyond its code", {
+        "call_overhead.csv": "prog(*inputs) against bind() (buffers bound once) on one thread: x @ W at 8 x 8 "
+                             "and 256 x 256 and the stacked LSTM's pullback (79 buffers), with each result "
+                             "dropped and with results kept; median, 90th percentile, page faults per call and "
+                             "the load average."}),
     "gemm": Artefact("polyft.experiments.gemm", "The generated GEMM against the CPU's peak", {
         "gemm.csv": "GFLOP/s of the generated C's matrix products (x @ W over a batch of rows, x @ W + h @ U as "
                     "one GEMM, an LSTM's four gates) on one core, built for every ISA level the machine runs "

@@ -454,16 +454,28 @@ def digest(a) -> str:
     return h.hexdigest()
 
 
+SNAPSHOT_BYTES = 1 << 16  # a captured array up to this size is compared with a copy of its bytes
+
+
 @dataclass
 class Captured:
     """A numpy array the traced program captured (a closure's weights, gather indices): its
-    value is compiled into the code, so a later change must not go unnoticed."""
+    value is compiled into the code, so a later change must not go unnoticed. Every call checks:
+    a small array against a copy of its bytes (a hash costs microseconds even for a few bytes,
+    and an LSTM's pullback captures several), a large one by its hash."""
 
     array: object
     digest: str
     where: str | None
 
+    def __post_init__(self):
+        a = self.array
+        self._snapshot = (a.dtype, a.shape, a.tobytes()) if a.nbytes <= SNAPSHOT_BYTES else None
+
     def changed(self) -> bool:
+        if self._snapshot is not None:
+            a = self.array
+            return (a.dtype, a.shape, a.tobytes()) != self._snapshot
         return digest(self.array) != self.digest
 
 

@@ -398,6 +398,8 @@ class FractalTensor(ListBase):
         """The list as one read-only array: the array it is a view of (from_numpy, a compiled
         program's output) without a copy, else a dense copy (to_numpy's)."""
         if self._dense is not None:  # (below an empty level every length reads 0, as for a built list)
+            if all(self._dense.shape[:self._depth]):  # no empty level: the array as it is (a call's fast path)
+                return self._dense
             return self._dense.reshape(self._regular_lengths("dense_view") + self._element_shape)
         arr = self.to_numpy()
         arr.flags.writeable = False

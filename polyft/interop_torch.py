@@ -9,8 +9,8 @@ custom op's eager dispatch costs some 40 us a call, more than the rest of the bo
 two paths.)
 
 Zero copy: a CPU tensor that is contiguous and of the input's dtype is read where it is (its
-numpy view); the outputs are torch tensors over the arrays the program wrote, which each call
-allocates afresh (CompiledProgram.run_arrays), so no call's result is overwritten by a later one.
+numpy view); the outputs are torch tensors over the arrays the program wrote, which no live value
+references (CompiledProgram.run_arrays), so no call's result is overwritten by a later one.
 """
 from __future__ import annotations
 

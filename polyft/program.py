@@ -22,7 +22,9 @@ from polyft.schedule.provenance import Coarsening
 from polyft.schedule.schedule import make_schedule, schedule_kind
 from polyft.schedule.storage import Storage, extents, storage_mapping
 
-from .errors import InputError, OutOfMemoryError, PolyftError
+from . import calls
+from .calls import CONSTANT, CallPath, constant
+from .errors import InputError, PolyftError
 from .fractaltensor import FractalTensor
 from .interpret import assemble_outputs, bind_params
 from .ragged import Ragged, check_lengths, lengths_of, padded, used_elements
@@ -188,6 +190,7 @@ class CompiledProgram(Program):
         self._run = runtime(self.module)
         self._variant = Variant(self.schedule.kind, self.module, self._run)
         self.schedule_choice = schedule_choice(self, alternative, generator, runtime, contract)
+        self._calls = None if getattr(self.traced, "ragged", ()) else CallPath(self)
 
     def local_batch(self, buf):
         """The storage.Batch of `buf`'s per-thread scratch in the generated code (None: the
@@ -252,14 +255,17 @@ class CompiledProgram(Program):
         return self.module.host
 
     def __call__(self, *inputs, **named):
-        return self._result(self._storage_after(self._positional(inputs, named)))
+        inputs = self._positional(inputs, named)
+        if self._calls is not None:
+            return self._calls.result(self._calls.storage_after(inputs))
+        return self._result(self._storage_after(inputs))
 
     def run_arrays(self, *inputs) -> list:
         """The outputs as plain arrays, flat in the order of `etdg.outputs` (regular outputs:
-        `__call__` makes ragged ones lists). Every one is allocated by this call, never an input's
-        or a constant's memory nor an earlier call's, so a caller may hand it out without a copy
-        (ft.torch, ft.jax)."""
-        storage = self._storage_after(inputs)
+        `__call__` makes ragged ones lists). None is an input's or a constant's memory, nor memory
+        that any value still references (polyft.calls recycles only what nothing references), so a
+        caller may hand it out without a copy (ft.torch, ft.jax)."""
+        storage = self._calls.storage_after(inputs) if self._calls is not None else self._storage_after(inputs)
         return [_native_to(b.resolve().dtype, storage[b.resolve()]) for b in self.etdg.outputs]
 
     def _storage_after(self, inputs) -> dict:
@@ -363,10 +369,7 @@ class CompiledProgram(Program):
         storage = dict(given)
         for b in layout.buffers:
             if b not in storage:
-                if b.kind in ("const", "index"):
-                    storage[b] = np.ascontiguousarray(b.value, dtype=native_dtype(b.dtype))
-                else:
-                    storage[b] = _allocate(b, layout.shape(b, params))
+                storage[b] = constant(b) if b.kind in CONSTANT else calls.allocate(b, layout.shape(b, params))
         return storage
 
     def _ragged(self, inputs: tuple) -> tuple:
@@ -411,16 +414,6 @@ class _Inputs:
 def _native_to(dtype: str, a: np.ndarray) -> np.ndarray:
     """A buffer's array as its dtype, from the dtype the generated code stores it in (native_dtype)."""
     return a.astype(dtype) if a.dtype != dtype else a
-
-
-def _allocate(b, shape) -> np.ndarray:
-    """The array for buffer `b`; OutOfMemoryError naming it when numpy cannot allocate it."""
-    try:
-        return np.empty(shape, dtype=native_dtype(b.dtype))
-    except MemoryError:
-        size = math.prod(shape) * native_dtype(b.dtype).itemsize
-        raise OutOfMemoryError(f"cannot allocate buffer {b.name} {list(shape)} {b.dtype} ({size / 2**30:.3g} GiB) for "
-                               "this call: use smaller lengths", op="call") from None
 
 
 def analyze(fn, *inputs_or_specs, schedule="auto", sizes=None, coarsen=None) -> Program:

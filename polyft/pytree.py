@@ -24,11 +24,13 @@ def structure(tree):
 
 def unflatten(shape, items):
     """The tree of `structure` `shape` whose leaves are `items` (an iterable), in order."""
-    it = iter(items)
+    return _build(shape, iter(items))
 
-    def build(s):
-        return tuple(build(child) for child in s) if s is not None else next(it)
-    return build(shape)
+
+def _build(shape, it):
+    """(A function of its own, not a closure over itself: that would be a reference cycle holding
+    the items until the garbage collector runs, and a compiled program's output buffers with them.)"""
+    return tuple(_build(child, it) for child in shape) if shape is not None else next(it)
 
 
 def map(f, tree, *rest):

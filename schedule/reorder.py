@@ -8,7 +8,7 @@ step — printed as `[max(...), min(...))` ranges like Table 5.
 `reorder` on one statement's whole iteration space (Table 5's element-level region3)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import islpy as isl
 import numpy as np
@@ -32,6 +32,8 @@ class Reordering:
     reuse: list  # dim indices carrying reuse
     T: np.ndarray
     distance_set: isl.Set | None = None  # the distances as ISL computed them (for printing)
+    outer: list = field(default_factory=list)  # dims moved before π (outer_parallel)
+    why: str = ""  # why dims with no dependence along them are where they are (outer_parallel)
 
     @property
     def new_names(self) -> list:
@@ -42,7 +44,7 @@ class Reordering:
         rows = []
         for r, row in enumerate(self.T):
             expr = " + ".join((n if c == 1 else f"{c}*{n}") for c, n in zip(row, self.names) if c)
-            kind = "seq" if (r == 0 and self.pi is not None) else "par"
+            kind = "seq" if (self.pi is not None and tuple(row) == tuple(self.pi)) else "par"
             rows.append(f"{self.new_names[r]} = {expr or '0'}  ({kind})")
         return rows
 
@@ -68,7 +70,51 @@ def reorder_space(dist: isl.Set | None, names: list, reuse: list) -> Reordering:
                             op="schedule")
     support = {c for c, a in enumerate(pi) if a}
     T = complete_unimodular(pi, n, reuse_dims=[c for c in reuse if c not in support])
-    return Reordering(names, pts if pts is not None else dist, pi, reuse, T, dist)
+    T, outer, why = outer_parallel(T, pts, reuse, names)
+    return Reordering(names, pts if pts is not None else dist, pi, reuse, T, dist, outer, why)
+
+
+def outer_parallel(T: np.ndarray, pts, reuse: list, names: list) -> tuple:
+    """(T, the dims moved outermost, why: a line for Schedule.describe or ''): T with the dims that
+    no distance vector moves along and that carry no reuse moved before π, where they are all the
+    parallelism a wavefront step has (Pluto's objective: outer parallelism, no synchronisation
+    inside).
+
+    The cost, on a CPU's threads: behind π, such dims are the parallel loop inside every
+    wavefront step, and each step ends in a barrier (a map over 8 independent sequences of
+    4096 steps: 4096 barriers a call, each step a few hundred flops per thread); outermost, each
+    thread runs its iterations' whole chains with no barrier at all. Both orders split the same
+    work over the same dims, so the wavefront costs one barrier per step more and nothing less.
+    It is kept (i) where the band has other dims (a wavefront of its own width: the layers and
+    time steps of a stacked RNN run side by side, parallelism the outer order would lose), and
+    (ii) for dims that carry reuse: the rows of a step that share operands (the batch, whose
+    rows share every layer's weights) make one wide step (a GEMM) that the outer order would cut
+    into matrix-vector products, each streaming the weights again. `pts`: the distance vectors
+    (None: a set that grows with the lengths, left as it is)."""
+    if not pts:
+        return T, [], ""
+    n = T.shape[0]
+    outer = [c for c in range(n) if all(p[c] == 0 for p in pts)]
+    free = ", ".join(names[c] for c in outer)
+    if not outer:
+        return T, [], ""
+    if len(outer) != n - 1:  # (i)
+        return T, [], (f"{free} inside the wavefront: its steps have a width of their own, which an outer "
+                        "parallel loop would run in sequence (reorder.outer_parallel)")
+    if any(c in reuse for c in outer):  # (ii)
+        return T, [], (f"{free} inside the wavefront: the rows of a step share operands (reuse), one wide step per "
+                        "barrier (reorder.outer_parallel)")
+    units = {}  # dim -> the row of T that is its unit vector (behind π, row 0)
+    for r, row in enumerate(T.tolist()):
+        if r > 0 and sum(map(abs, row)) == 1 and 1 in row:
+            units[row.index(1)] = r
+    if any(c not in units for c in outer):
+        return T, [], ""
+    rows = [units[c] for c in outer]
+    T = np.array([T[r] for r in rows] + [T[r] for r in range(n) if r not in rows], dtype=object)
+    return T, outer, (f"{free} outermost, before pi: no dependence and no reuse along {free}, and the wavefront "
+                      "has no width of its own: one parallel loop with no barrier inside instead of a barrier per "
+                      "step (reorder.outer_parallel)")
 
 
 def statement_reuse(model: PolyModel, name: str) -> list:

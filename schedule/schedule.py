@@ -162,6 +162,8 @@ class Schedule:
                              f"distances {show_distances(b.distances)}, "
                              f"pi = {b.pi}, reuse dims {[b.dims[k].name for k in b.reuse]}, "
                              f"T = {b.T.tolist()}")
+                if b.reordering.why:
+                    lines.append(f"    {b.reordering.why}")
         if self.hyperplanes:
             lines.append(f"  per-statement hyperplanes (time dim 0; the bands' {self.band_steps} steps -> "
                          f"{self.sequential_steps}, the critical path):")

@@ -12,7 +12,7 @@ from test_cuda import TARGETS as CUDA_TARGETS
 from test_cuda import _nvcc
 
 import polyft as ft
-import polyft.program
+import polyft.calls
 from polyft import errors
 from polyft.testing import rel_error
 from polyft.workloads import stacked_lstm
@@ -190,7 +190,7 @@ def test_no_padding_work_leaves_padded_cells_untouched(target, monkeypatch):
         a = np.full(shape, np.nan, dtype=np.float32 if b.dtype == "float32" else b.dtype)
         arrays.append((b.name, a))
         return a
-    monkeypatch.setattr(polyft.program, "_allocate", allocate)
+    monkeypatch.setattr(polyft.calls, "allocate", allocate)
     args = lstm_inputs(ONE_TO_L, 22)
     prog = ft.compile(stacked_lstm.program, *args, target=target, contract=False)
     prog(*args)
