@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from dataclasses import dataclass
 
@@ -17,6 +18,7 @@ from polyft.schedule.coarsen import coarsen
 from polyft.schedule.reorder import bounds
 from polyft.schedule.schedule import make_schedule, schedule_kind, time_rows, user_schedule
 
+from . import __version__
 from .errors import PolyftError, ScheduleError
 from .interpret import bind_params
 from .loading import command_line_error, load_function, parse_specs
@@ -253,9 +255,12 @@ def cmd_reproduce(args) -> int:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="polyft", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"polyft {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("workloads", help="list the paper's workloads with their type signatures")
-    p.add_argument("--preset", default="small")
+    p.add_argument("--preset", default="small",
+                   help="the size preset whose static dims the signatures show (small, the default; paper; the "
+                        "RNNs also middle, large)")
     p.set_defaults(run=cmd_workloads)
     p = sub.add_parser("inspect", help="print a workload's or your own program's ETDG (and its ISL model)")
     p.add_argument("workload", metavar="WORKLOAD",
@@ -298,6 +303,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.run(args)
+    except BrokenPipeError:  # the reader went away (`polyft inspect ... | head`): stop quietly, as a shell tool does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's final flush must not fail too
+        return 128 + signal.SIGPIPE
     except PolyftError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
