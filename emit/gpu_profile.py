@@ -206,10 +206,12 @@ def ptxas(source: str, arch: str = ARCH) -> tuple:
     key = hashlib.sha256("\0".join([source, arch, *PTXAS_FLAGS]).encode()).hexdigest()[:20]
     cached = os.path.join(runtime_c.cache_dir(), f"ptxas_{key}.json")
     try:
-        with open(cached) as f:
-            return json.load(f), None
-    except (OSError, ValueError):
-        pass
+        got = private_files.open_entry(cached, limit=1 << 20)
+        if got is not None:
+            with os.fdopen(got[0], "rb") as f:
+                return json.loads(private_files.read_fd(f.fileno(), got[1].st_size)), None
+    except (OSError, ValueError, private_files.NotAFile):
+        pass  # measured again, and written over
     with tempfile.TemporaryDirectory(prefix="polyft-ptxas-") as d:
         src = os.path.join(d, "module.cu")
         with open(src, "w") as f:
@@ -230,7 +232,7 @@ def ptxas(source: str, arch: str = ARCH) -> tuple:
             if m and name is not None:
                 out[name][k] = int(m.group(1))
     tmp = f"{cached}.{os.getpid()}"
-    with open(tmp, "w") as f:
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "w") as f:
         json.dump(out, f)
     os.replace(tmp, cached)  # atomic: concurrent profiles write equivalent files
     return out, None

@@ -154,8 +154,10 @@ class PyCudaBackend(Backend):
         self.drv = drv
         major, minor = drv.Context.get_device().compute_capability()
         try:
+            # PyCUDA's cubin cache inside polyft's private one (its default is not checked)
+            cubins = runtime_c.cache_subdir("pycuda")
             self.module = SourceModule(source, no_extern_c=True, arch=f"sm_{major}{minor}",
-                                       options=["-O3", "-std=c++14"])
+                                       options=["-O3", "-std=c++14"], cache_dir=cubins or False)
         except drv.CompileError as e:
             msg = str(e)
             raise CompileError(f"nvcc failed:\n{msg}\n{runtime_c.source_context(source, msg)}",
