@@ -16,6 +16,7 @@ from polyft.emit.c_statements import native_dtype
 from polyft.emit.c_target import CTarget, packed_weights
 from polyft.emit.gpu_count import count as count_traffic
 from polyft.emit.targets import select
+from polyft.names import tuple_name
 from polyft.schedule.coarsen import coarsen as coarsen_etdg
 from polyft.schedule.provenance import Coarsening
 from polyft.schedule.schedule import make_schedule, schedule_kind
@@ -286,6 +287,7 @@ class CompiledProgram(Program):
         """The inputs in order, keyword arguments placed by the traced function's parameter names."""
         if not named:
             return inputs
+        named = {tuple_name(k): v for k, v in named.items()}  # as the trace wrote them (polyft.names)
         names = [n for n, _ in self.etdg.inputs]
         wrong = [k for k in named if k not in names or k in names[:len(inputs)]]
         missing = [n for n in names[len(inputs):] if n not in named]

@@ -32,6 +32,7 @@ from .fractaltensor import (FractalTensor, ListBase, Zip, describe_operand, gath
 from .primitives import PRIMITIVES, newaxis_shape, permutation, reshaped
 from .ragged import Ragged, RaggedInput, from_coordinates, lengths_of, ragged_length, to_coordinates
 from .ragged import text as length_text
+from .names import tuple_name
 from .types import DTYPES, Spec
 
 _DIM_LETTERS = "ijklmnpqrsuvw"
@@ -1155,6 +1156,7 @@ def trace(fn, *args) -> ETDG:
         except (TypeError, ValueError):
             names = []
         names += [f"in{k}" for k in range(len(names), len(args))]
+        names = [tuple_name(n) for n in names]  # ISL-readable (polyft.names)
         inputs, traced_args = [], []
         for name, arg in zip(names, args):
             b, v = _input(st, name, arg)
@@ -1175,6 +1177,7 @@ def trace(fn, *args) -> ETDG:
             b.kind = "output"
             nm = out_names[k] if k < len(out_names) and out_names[k] else ("out" if len(out_leaves) == 1
                                                                            else f"out{k}")
+            nm = tuple_name(nm)
             b.name = _unused(nm if nm not in names else f"{nm}_out", {*names, *(o.name for o in outputs)})
             outputs.append(b)
         drop_dead_ops(st.root)
