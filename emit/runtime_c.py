@@ -27,24 +27,39 @@ import tempfile
 import time
 import warnings
 
-from polyft.errors import CompileError, OutOfMemoryError
+from polyft.errors import CompileError, OutOfMemoryError, SettingError
 
 from . import private_files, tool
 from .isa import compiler, features, march
 from .protocol import Runtime
 from .threads import ThreadChoice, brief_spin
 
-# -ffp-contract=fast: ISO C (-std=c99) would otherwise forbid fusing a*b + c into one FMA.
+# -ffp-contract=off: no multiply and add fuse unless the generated code asks (ft_fma: a GEMM's
+# dot products, as BLAS and so numpy's matmul fuse them; the exp/tanh polynomials), so that
+# elementwise `x * 2 - x` rounds twice, as numpy's does (fused, 3e38 * 2 - 3e38 is 3e38, not inf).
+# $POLYFT_FP_CONTRACT=fast lets the compiler fuse any (`contraction`).
 # -fno-trapping-math: the generated code never reads the floating-point exception flags, and
 # without it GCC will not turn a comparison that may trap (a NaN operand) into a vector select
 # unless the ISA has masks (AVX-512): on AVX2 and SSE no loop of ft_expf would vectorise.
 # The -march level comes first, from isa.march() unless given (`compile_flags`).
-FLAGS = ["-O3", "-ffp-contract=fast", "-fno-trapping-math", "-fopenmp", "-std=c99", "-fPIC", "-shared"]
+FLAGS = ["-O3", "-fno-trapping-math", "-fopenmp", "-std=c99", "-fPIC", "-shared"]
+CONTRACT_ENV = "POLYFT_FP_CONTRACT"
+
+
+def contraction() -> str:
+    """The -ffp-contract mode: `off` unless $POLYFT_FP_CONTRACT says `fast` (faster elementwise
+    chains of multiplies and adds, rounded once where numpy rounds twice)."""
+    mode = os.environ.get(CONTRACT_ENV, "").strip() or "off"
+    if mode not in ("off", "fast"):
+        raise SettingError(f"{CONTRACT_ENV}={mode!r} is neither 'off' (the default: compiled code rounds every "
+                           "multiply and add as numpy does) nor 'fast' (the compiler may fuse them)",
+                           op="compile", where=CONTRACT_ENV)
+    return mode
 
 
 def compile_flags(level: str | None = None) -> list:
     """The compiler flags for the generated C built for -march=`level` (isa.march() if None)."""
-    return [f"-march={level or march()}"] + FLAGS
+    return [f"-march={level or march()}", f"-ffp-contract={contraction()}"] + FLAGS
 
 
 def _level(flags) -> str | None:
