@@ -454,17 +454,57 @@ def digest(a) -> str:
     return h.hexdigest()
 
 
+def _contents(value) -> np.ndarray:
+    """The values of a captured numpy array or FractalTensor (the array it views, without a copy
+    where it is one)."""
+    return value.dense_view() if hasattr(value, "dense_view") else value
+
+
+def frozen_key(a: np.ndarray):
+    """(address, shape, strides) of `a` when neither it nor any array it views can be written
+    (numpy's writeable flags, down to memory an array owns or an immutable bytes object), else
+    None: such an array is taken not to change (a view made writable before it was frozen is the
+    one way around that, as for numpy's own read-only arrays)."""
+    b = a
+    while isinstance(b, np.ndarray):
+        if b.flags.writeable:
+            return None
+        b = b.base
+    if b is not None and not isinstance(b, bytes):
+        return None  # memory of a buffer numpy does not guard (mmap, array.array, ...)
+    return (a.__array_interface__["data"][0], a.shape, a.strides)
+
+
 @dataclass
 class Captured:
-    """A numpy array the traced program captured (a closure's weights, gather indices): its
-    value is compiled into the code, so a later change must not go unnoticed."""
+    """A numpy array or FractalTensor the traced program captured (a closure's weights, gather
+    indices): its value is compiled into the code, so a later change must not go unnoticed. A
+    read-only one (`frozen_key`) costs a pointer and flags check a call; a writable one is
+    hashed every call (a 64 MB weight: tens of ms)."""
 
     array: object
     digest: str
     where: str | None
+    frozen: tuple | None = None
+
+    @classmethod
+    def of(cls, value, where) -> "Captured":
+        a = _contents(value)
+        return cls(value, digest(a), where, frozen_key(a))
 
     def changed(self) -> bool:
-        return digest(self.array) != self.digest
+        a = _contents(self.array)
+        if self.frozen is not None and frozen_key(a) == self.frozen:
+            return False
+        return digest(a) != self.digest
+
+    @property
+    def what(self) -> str:
+        """The captured value in the user's terms."""
+        a = self.array
+        if hasattr(a, "dense_view"):
+            return f"FractalTensor {a.type_string}"
+        return f"numpy array {a.dtype}{list(a.shape)}"
 
 
 class ETDG:

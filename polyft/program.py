@@ -304,7 +304,7 @@ class CompiledProgram(Program):
         changed = [c for c in self.traced.captured if c.changed()]
         if changed:
             c = changed[0]
-            raise InputError(f"the numpy array {c.array.dtype}{list(c.array.shape)} captured as a constant "
+            raise InputError(f"the {c.what} captured as a constant "
                              f"{'at ' + c.where if c.where else ''} changed after compiling: the compiled code holds "
                              "its old value; pass it as an input to the program, or compile again", op="call")
         if len(inputs) != len(self.etdg.inputs):

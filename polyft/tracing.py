@@ -25,7 +25,7 @@ from . import errors, pytree
 from .affine import Aff, Constraint, IterDim, Length, eq, ge
 from .errors import (AccessError, DepthError, EmptyReduceError, IndexRangeError, InPlaceError, LengthMismatchError,
                      RaggedError, ReturnTypeError, StateTypeError, TracerControlFlowError, WindowError)
-from .etdg import (ETDG, Assumption, BlockNode, Buffer, Captured, Gather, IndexCheck, OpNode, Piece, digest,
+from .etdg import (ETDG, Assumption, BlockNode, Buffer, Captured, Gather, IndexCheck, OpNode, Piece,
                    drop_dead_ops, merge_perfect_nests, referenced, walk)
 from .fractaltensor import (FractalTensor, ListBase, Zip, describe_operand, gather_indices, unzip,
                            window_args)
@@ -58,9 +58,9 @@ class _TraceState:
         self.ragged: list = []  # ragged.RaggedInput: inputs whose last level's lengths are given at call time
 
     def capture(self, a) -> None:
-        """Remember a user's numpy array the program holds as a constant (its content hash)."""
-        if isinstance(a, np.ndarray) and id(a) not in self.captured:
-            self.captured[id(a)] = Captured(a, digest(a), errors.user_location())
+        """Remember a numpy array or FractalTensor of the user's the program holds as a constant."""
+        if isinstance(a, (np.ndarray, FractalTensor)) and id(a) not in self.captured:
+            self.captured[id(a)] = Captured.of(a, errors.user_location())
 
     def assume(self, expr: Length, op: str, kind: str = "ge", d: int = 1) -> None:
         """Record that the program needs `expr >= 0` (or d | expr) for its symbolic lengths."""
@@ -773,6 +773,7 @@ def _const_list(ft: FractalTensor) -> FTTracer:
                           "list's lengths are call-time data): pass it to the program as an input", op="trace")
     arr = ft.to_numpy()
     st = _state()
+    st.capture(ft)  # its values are compiled in: a change to them is an error at the next call
     b = st.new_buffer(list(arr.shape[:ft.depth]), ft.element_shape, ft.dtype, "const", arr)
     return _identity_view(b, ())
 
