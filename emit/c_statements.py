@@ -369,9 +369,11 @@ class StatementBody:
         self.temps.append((line, f"v{op.id}", ctype(op.dtype), n * native_dtype(op.dtype).itemsize))
         self.lines.append(line)
 
-    # temporaries of one call kept on the stack (threads have 8 MB); more come from the scratch,
-    # which is slower (gcc keeps less in registers through pointers it cannot see the ends of)
-    STACK_BYTES = 2 * 1024 * 1024
+    # temporaries of one call kept on the stack; more come from the scratch, which is slower (gcc
+    # keeps less in registers through pointers it cannot see the ends of). Not the 8 MB a main
+    # thread has: the program may run in a thread of 1 MB (OMP_STACKSIZE=1M, threading's
+    # stack_size) with the interpreter's frames below it, so only small tiles stay on the stack
+    STACK_BYTES = 128 * 1024
 
     def _spill(self):
         """Temporaries of more than STACK_BYTES in all live in the thread's scratch (`c->ft_tmp`,

@@ -214,6 +214,9 @@ def open_verified(path: str) -> int | None:
                       "it is removed and compiled again", stacklevel=3)
         _discard(path)
         return None
+    except OSError as e:  # EMFILE, EACCES, EIO
+        raise CompileError(f"cannot open the compile cache entry {path} ({e.strerror or e}){_os_hint(e)}",
+                           op="compile", where=path) from None
     if got is None:
         return None
     fd, st = got
@@ -344,6 +347,9 @@ def load(source: str, flags=None, cc=None) -> tuple[str, ctypes.CDLL]:
             with brief_spin():  # libgomp reads it when the first object loads it
                 return path, ctypes.CDLL(path)
         except OSError as e:
+            if "Too many open files" in str(e):
+                raise CompileError(f"cannot load {path}: {e}{_os_hint(OSError(errno.EMFILE, ''))}", op="compile",
+                                   where=path) from None
             _discard(path)
             if _noexec(path):
                 raise CompileError(f"the compile cache {os.path.dirname(path)} is on a filesystem mounted noexec, "

@@ -323,9 +323,9 @@ class CompiledProgram(Program):
             if buf is None:
                 continue
             arr = arg.dense_view() if isinstance(arg, FractalTensor) else np.asarray(arg)
-            if arr.dtype != np.dtype(buf.dtype):
+            if arr.dtype.newbyteorder("=") != np.dtype(buf.dtype):  # either byte order: the copy converts it
                 raise InputError(f"input {name} should be {buf.dtype}, got {arr.dtype}", op="call")
-            storage[buf] = np.ascontiguousarray(arr, dtype=native_dtype(buf.dtype))
+            storage[buf] = _contiguous(name, arr, native_dtype(buf.dtype))
         for check in getattr(self.traced, "index_checks", ()):  # ids given now, for a gather
             check.check(storage[dict(self.etdg.inputs)[check.ids]], params, InputError)
         for b in self.layout.buffers:
@@ -383,6 +383,20 @@ class _Inputs:
 
     def __init__(self, inputs):
         self.inputs, self.assumptions = inputs, []
+
+
+def _contiguous(name: str, arr: np.ndarray, dtype) -> np.ndarray:
+    """`arr` as the contiguous native-order array generated code reads (itself where it is one);
+    OutOfMemoryError naming the input when the copy does not fit."""
+    try:
+        return np.ascontiguousarray(arr, dtype=dtype)
+    except MemoryError:
+        size = arr.size * np.dtype(dtype).itemsize
+        why = ("broadcast (a stride of 0)" if 0 in arr.strides and arr.size > 1 else "strided, or not in native "
+               "byte order") if not arr.flags.c_contiguous or arr.dtype != dtype else "contiguous"
+        raise OutOfMemoryError(f"input {name} {list(arr.shape)} {arr.dtype} is {why}: the compiled code reads a "
+                               f"contiguous copy, {size / 2**30:.3g} GiB, which cannot be allocated; pass a "
+                               "contiguous array (np.ascontiguousarray) or use smaller lengths", op="call") from None
 
 
 def _allocate(b, shape) -> np.ndarray:
