@@ -623,25 +623,26 @@ class ETDG:
         return "\n".join(lines)
 
     def to_dot(self) -> str:
-        """Graphviz DOT: buffers as boxes, blocks as clusters, access maps on edges."""
-        out = [f'digraph "{self.name}" {{', "  compound=true; rankdir=LR;",
+        """Graphviz DOT: buffers as boxes, blocks as clusters, access maps on edges. Every name
+        and label is a quoted DOT string (`_dot`), whatever characters the user's names hold."""
+        out = [f"digraph {_dot(self.name)} {{", "  compound=true; rankdir=LR;",
                '  node [fontname="monospace" fontsize=10];']
         seen = set()
         for b in self.buffers:
             b = b.resolve()
             if id(b) not in seen:
                 seen.add(id(b))
-                out.append(f'  "{b.name}" [shape=box3d label="{b.name}\\n{b.type}"];')
+                out.append(f"  {_dot(b.name)} [shape=box3d label={_dot(b.name, str(b.type))}];")
 
         def emit(block, indent):
             for n in block.body:
                 if isinstance(n, BlockNode):
                     label = f"{n.name}: [{', '.join(d.name for d in n.dims)}] p=[{', '.join(n.p)}]"
-                    out.append(f'{indent}subgraph "cluster_{n.name}" {{ label="{label}";')
+                    out.append(f"{indent}subgraph {_dot('cluster_' + n.name)} {{ label={_dot(label)};")
                     emit(n, indent + "  ")
                     out.append(f"{indent}}}")
                 else:
-                    out.append(f'{indent}"op{n.id}" [shape=ellipse label="{n.op}"];')
+                    out.append(f'{indent}"op{n.id}" [shape=ellipse label={_dot(n.op)}];')
         emit(self.root, "  ")
         for st in self.statements:
             for op in st.ops:
@@ -649,12 +650,17 @@ class ETDG:
                     if isinstance(a, OpNode):
                         out.append(f'  "op{a.id}" -> "op{op.id}";')
                 for am in access_maps(op, st.dims):
-                    ends = [f'"{am.buffer.resolve().name}"', f'"op{op.id}"']
+                    ends = [_dot(am.buffer.resolve().name), f'"op{op.id}"']
                     src, dst = ends if am.kind == "read" else ends[::-1]
-                    lbl = am.describe().replace('"', "'")
-                    out.append(f'  {src} -> {dst} [label="{lbl}"];')
+                    out.append(f"  {src} -> {dst} [label={_dot(am.describe())}];")
         out.append("}")
         return "\n".join(out)
+
+
+def _dot(*lines: str) -> str:
+    """A quoted DOT string of `lines` (one label line each): quotes and backslashes escaped."""
+    return '"' + "\\n".join(str(t).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+                             for t in lines) + '"'
 
 
 def _format_operand(a) -> str:
