@@ -4,7 +4,8 @@ Any Python identifier is a valid name, and none is reserved; but ISL has keyword
 `exists`, `mod`, `true`, ...) and names of its own (`e0`, `c1`), C has keywords, the headers
 macros and functions, and the generated code identifiers of its own (`c`, `ctx`, `params`, `b0`,
 `c1_w`, `S_b0_t0`). So a name is written as the user wrote it only when it has the form of the
-paper's lengths, `[A-Z][a-z0-9]*` (`N`, `L`, `L2`, `Seq`), which none of those has; any
+paper's lengths, `[A-Z][a-z0-9]*` (`N`, `L`, `L2`, `Seq`; not Python's `None`, `True`,
+`False`), which none of those has; any
 other is written `ftu_<name>`, a namespace nothing else uses, with `_` doubled and any
 character outside ASCII letters and digits written `_u<hex>_` (`xé` -> `ftu_x_ue9_`,
 `c1_w` -> `ftu_c1__w`). The map is one-to-one, so distinct names stay distinct, and `shown`
@@ -15,6 +16,7 @@ identifiers, so `tuple_name` keeps every name ISL can read (`xs`, `w`, `out`) an
 the others (keywords such as `exists`, names outside ASCII) as above."""
 from __future__ import annotations
 
+import keyword
 import re
 
 PREFIX = "ftu_"
@@ -27,7 +29,7 @@ ISL_KEYWORDS = frozenset({"exists", "and", "or", "xor", "implies", "not", "mod",
 
 def written(name: str) -> str:
     """The name `name` (a Python identifier) as ISL and generated code spell it."""
-    if _PLAIN.fullmatch(name):
+    if _PLAIN.fullmatch(name) and not keyword.iskeyword(name):  # None, True, False: the CUDA host driver is Python
         return name
     return PREFIX + "".join("__" if c == "_" else c if c.isascii() and c.isalnum() else f"_u{ord(c):x}_"
                             for c in name)

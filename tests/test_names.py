@@ -17,12 +17,12 @@ from polyft.testing import rel_error
 pytestmark = pytest.mark.usefixtures("compile_cache")
 
 NAMES = ["c1_w", "c1_n", "int", "for", "sizeof", "NULL", "c", "ctx", "params", "b0", "S_b0_t0", "min", "max",
-         "mod", "exists", "true", "c1", "e0", "xé", "データ"]
+         "mod", "exists", "true", "c1", "e0", "xé", "データ", "None", "True"]
 
 
 def program(arg: str):
     """xss.map(xs -> scanl(h, x -> tanh(x @ w + h))) with its first argument named `arg`."""
-    if arg == "for":  # not an argument name Python takes
+    if arg in ("for", "None", "True"):  # not argument names Python takes
         arg = "xss"
     ns = {"ft": ft}
     exec(f"def fn({arg}, w):\n"
@@ -53,7 +53,7 @@ def test_any_identifier_as_both_lengths(name):
     assert rel_error(prog(xss, w), fn(xss, w)) < 1e-5
 
 
-@pytest.mark.parametrize("name", ["c1_w", "exists", "xé", "ctx"])
+@pytest.mark.parametrize("name", ["c1_w", "exists", "xé", "ctx", "None"])
 def test_the_emulated_cuda_target_too(name):
     fn = program(name)
     prog = ft.compile(fn, ft.spec(f"[{name}, L]float32[1, 4]"), ft.spec("float32[4, 4]"), target="cuda-emulated")
