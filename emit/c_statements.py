@@ -74,9 +74,9 @@ NAN_MACROS = FMA_MACROS + """#define ft_maximum(a, b) ((a) != (a) || (a) > (b) ?
 #define ft_softplus(x) (ft_maximum((x), 0) + log1p(exp(-fabs(x))))
 #define ft_softplusf(x) (ft_maximum((x), 0) + log1pf(ft_expf(-fabsf(x))))
 #ifndef FT_INLINE
-#define FT_INLINE inline
+#define FT_INLINE static inline
 #endif
-#define FT_IPOW(name, T, U) static FT_INLINE T name(T a, T b) { /* numpy's integer power, wrapping */ \
+#define FT_IPOW(name, T, U) FT_INLINE T name(T a, T b) { /* numpy's integer power, wrapping */ \
   if (b < 0) return a == 1 ? 1 : a == -1 ? ((b & 1) ? -1 : 1) : 0; \
   U r = 1, x = (U)a; for (; b; b >>= 1) { if (b & 1) r *= x; x *= x; } return (T)r; }
 FT_IPOW(ft_ipow32, int, unsigned int)
