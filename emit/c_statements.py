@@ -902,7 +902,8 @@ class StatementBody:
                 body.append(cgen.Block([
                     cgen.Line(f"const {t}* restrict _a = {a_row('_r')};"),
                     cgen.For("int _m = 0", f"_m < {K}", "_m++", cgen.For(
-                        "int _q = 0", f"_q < {Q}", "_q++", cgen.Line(_madd("_o[_q]", "_a[_m]", f"{b}[_m*{Q} + _q]", t))))]))
+                        "int _q = 0", f"_q < {Q}", "_q++",
+                        cgen.Line(_madd("_o[_q]", "_a[_m]", f"{b}[_m*{Q} + _q]", t))))]))
             return [cgen.For("int _r = 0", f"_r < {nrows}", "_r++", cgen.Block(body))]
         def block(MR, first, last, tail):
             """Row blocks of MR rows from `first` while `last` holds; a `tail` block may run

@@ -49,7 +49,8 @@ def untrusted_dir(d: str) -> str | None:
     if st.st_uid != me:
         return f"owned by uid {st.st_uid}, not by this user (uid {me})"
     if _others_can_write(st):
-        return f"writable by {'others' if st.st_mode & stat.S_IWOTH else 'its group'} (mode {stat.S_IMODE(st.st_mode):o})"
+        who = "others" if st.st_mode & stat.S_IWOTH else "its group"
+        return f"writable by {who} (mode {stat.S_IMODE(st.st_mode):o})"
     p = d
     while os.path.dirname(p) != p:
         p = os.path.dirname(p)

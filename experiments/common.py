@@ -172,8 +172,9 @@ def _measured(file: str, columns: list) -> dict:
     try:
         old = pd.read_csv(file)
     except (pd.errors.EmptyDataError, pd.errors.ParserError) as e:
-        raise PolyftError(f"cannot resume from {file}: {'it is empty' if isinstance(e, pd.errors.EmptyDataError) else e} "
-                          "(delete it, or run without --resume)", op="resume", where="") from None
+        why = "it is empty" if isinstance(e, pd.errors.EmptyDataError) else e
+        raise PolyftError(f"cannot resume from {file}: {why} (delete it, or run without --resume)", op="resume",
+                          where="") from None
     missing = [c for c in columns if c not in old]
     if missing:
         raise PolyftError(f"cannot resume from {file}: it has no column {', '.join(missing)} (run without --resume)",

@@ -125,7 +125,8 @@ def test_sizes_take_the_users_names():
     assert len(table) > 0
 
 
-@pytest.mark.parametrize("text", ["float32[²]", "[²]float32[4]", "[N]float32[٣]", "float32[4, ⁵]", "[N, ½]float32[2]"])
+@pytest.mark.parametrize("text", ["float32[²]", "[²]float32[4]", "[N]float32[٣]", "float32[4, ⁵]",
+                                  "[N, ½]float32[2]"])
 def test_spec_digits_are_ascii_only(text):
     with pytest.raises(SpecError) as e:
         ft.spec(text)
