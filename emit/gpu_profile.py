@@ -39,7 +39,7 @@ from polyft.deps.traffic import count, model_code_traffic, tile_bytes
 from polyft.errors import PolyftError
 from polyft.schedule.storage import extents
 
-from . import runtime_c
+from . import private_files, runtime_c
 from .c_family import TILE, tiled_loops
 from .c_statements import instance_flops, native_dtype
 from .halves import DTYPES

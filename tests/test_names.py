@@ -17,7 +17,7 @@ from polyft.testing import rel_error
 pytestmark = pytest.mark.usefixtures("compile_cache")
 
 NAMES = ["c1_w", "c1_n", "int", "for", "sizeof", "NULL", "c", "ctx", "params", "b0", "S_b0_t0", "min", "max",
-         "mod", "exists", "true", "c1", "e0", "xé", "データ", "None", "True"]
+         "mod", "exists", "true", "c1", "e0", "xé", "データ", "None", "True", "EOF", "NAN", "FILE", "Sum"]
 
 
 def program(arg: str):
@@ -53,7 +53,7 @@ def test_any_identifier_as_both_lengths(name):
     assert rel_error(prog(xss, w), fn(xss, w)) < 1e-5
 
 
-@pytest.mark.parametrize("name", ["c1_w", "exists", "xé", "ctx", "None"])
+@pytest.mark.parametrize("name", ["c1_w", "exists", "xé", "ctx", "None", "Sum", "Max"])
 def test_the_emulated_cuda_target_too(name):
     fn = program(name)
     prog = ft.compile(fn, ft.spec(f"[{name}, L]float32[1, 4]"), ft.spec("float32[4, 4]"), target="cuda-emulated")
@@ -131,3 +131,23 @@ def test_spec_digits_are_ascii_only(text):
     with pytest.raises(SpecError) as e:
         ft.spec(text)
     assert "ASCII digits" in str(e.value) and repr(text) in str(e.value)
+
+
+def test_the_headers_macros_of_the_kept_form_are_taken():
+    """Every macro of the form kept as written that the generated C's headers define is in TAKEN
+    (a length of that name would be replaced by the macro)."""
+    import re
+    import subprocess
+
+    from polyft.emit import runtime_c
+    headers = "".join(f"#include <{h}>\n" for h in ("math.h", "stddef.h", "stdlib.h", "string.h", "omp.h",
+                                                     "stdint.h", "stdio.h"))
+    r = subprocess.run([runtime_c.compiler(), *runtime_c.compile_flags()[:1], "-fopenmp", "-std=c99", "-dM", "-E",
+                        "-x", "c", "-"], input=headers, capture_output=True, text=True, check=True)
+    macros = {m for m in re.findall(r"^#define (\w+)", r.stdout, re.M) if re.fullmatch(r"[A-Z][A-Za-z0-9]*", m)}
+    assert macros and all(names.written(m) != m for m in macros), sorted(m for m in macros if names.written(m) == m)
+
+
+def test_the_paper_style_lengths_are_kept():
+    for n in ("N", "L2", "NH", "MT", "TQ", "Seq"):
+        assert names.written(n) == n
