@@ -17,6 +17,7 @@ import numpy as np
 
 from polyft.errors import LengthMismatchError, SingleAssignmentError, SpecError
 from polyft.etdg import ETDG
+from polyft.names import written
 
 from .isl_helpers import Namer, access_map, maps, param_prefix, schedule_map, statement_space, union_map
 
@@ -67,6 +68,8 @@ def check_sizes(sizes, params, op: str = "sizes") -> dict:
     if not isinstance(sizes, Mapping):
         raise SpecError(f"sizes must be a dict {{length name: int}}, got the {type(sizes).__name__} {sizes!r}",
                         op=op)
+    sizes = {k if k in params or not isinstance(k, str) or not k.isidentifier() else written(k): v
+             for k, v in sizes.items()}  # a user's name for a length ISL spells otherwise (polyft.names)
     unknown = sorted(set(sizes) - set(params), key=str)
     if unknown:
         raise LengthMismatchError(f"sizes name unknown lengths {unknown}; the program's lengths are {params}",

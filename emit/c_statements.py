@@ -39,14 +39,45 @@ BINARY = {"add": "({a}) + ({b})", "sub": "({a}) - ({b})", "mul": "({a}) * ({b})"
           "less_equal": "(({a}) <= ({b}))", "equal": "(({a}) == ({b}))", "not_equal": "(({a}) != ({b}))",
           "logical_and": "((({a}) != 0) & (({b}) != 0))", "logical_or": "((({a}) != 0) | (({b}) != 0))",
           "logical_xor": "((({a}) != 0) != (({b}) != 0))"}
+
+
+def pow_c(op, a: str, b: str, f: str) -> str:
+    """C for `a ** b` as numpy computes it: integers by repeated squaring in the integer type,
+    wrapping around as numpy's do (a double would overflow to INT_MIN, and lose the low bits of
+    an int64 past 2**53); a float to the power of the scalar 0.5 as numpy's `x ** 0.5` (its
+    sqrt: -0.0 gives -0.0 and -inf gives NaN, where pow gives +0 and +inf)."""
+    if np.dtype(op.dtype).kind in "iu":
+        return f"ft_ipow{np.dtype(op.dtype).itemsize * 8}({a}, {b})"
+    e = op.inputs[1]
+    if not isinstance(e, OpNode) and np.asarray(e[1]).shape == () and float(np.asarray(e[1])) == 0.5:
+        return f"sqrt{f}({a})"
+    return f"pow{f}({a}, {b})"
+
+
 # the macros behind them (both targets' preludes); max reductions step with ft_maximum too.
 # ft_abs: `+ 0` makes |-0| +0, as numpy's (and sign(-0) +0); ft_softplus: numpy's logaddexp(0, x), no
-# overflow; erf and gelu in double, rounded once (polyft computes them so eagerly: numpy has no erf)
-NAN_MACROS = """#define ft_maximum(a, b) ((a) != (a) || (a) > (b) ? (a) : (b))
+# overflow; erf and gelu in double, rounded once (polyft computes them so eagerly: numpy has no erf);
+# ft_sigmoid: e^-|x| / (1 + e^-|x|) below 0, as eager computes it (polyft.primitives): no underflow to 0
+# while the result is representable; ft_ipow: `pow_c`; ft_fma: `_madd`
+# a fused multiply-add where the ISA has one (CUDA's fmaf always), else a multiply and an add
+FMA_MACROS = """#ifndef ft_fmaf
+#if defined(__CUDACC__)
+#define ft_fmaf fmaf
+#define ft_fma fma
+#elif defined(__FMA__) || defined(__ARM_FEATURE_FMA)
+#define ft_fmaf(a, b, c) __builtin_fmaf((a), (b), (c))
+#define ft_fma(a, b, c) __builtin_fma((a), (b), (c))
+#else
+#define ft_fmaf(a, b, c) ((a) * (b) + (c))
+#define ft_fma(a, b, c) ((a) * (b) + (c))
+#endif
+#endif
+"""
+NAN_MACROS = FMA_MACROS + """#define ft_maximum(a, b) ((a) != (a) || (a) > (b) ? (a) : (b))
 #define ft_minimum(a, b) ((a) != (a) || (a) < (b) ? (a) : (b))
 #define ft_exp exp
 #define ft_tanh tanh
-#define ft_sigmoid(x) (1 / (1 + exp(-(x))))
+#define ft_sigmoid(x) (((x) >= 0 ? 1 : exp(-fabs(x))) / (1 + exp(-fabs(x))))
 #define ft_abs(x) ((x) < 0 ? -(x) : (x) + 0)
 #define ft_softplus(x) (ft_maximum((x), 0) + log1p(exp(-fabs(x))))
 #define ft_softplusf(x) (ft_maximum((x), 0) + log1pf(ft_expf(-fabsf(x))))
@@ -54,7 +85,15 @@ NAN_MACROS = """#define ft_maximum(a, b) ((a) != (a) || (a) > (b) ? (a) : (b))
 #define ft_erf erf
 #define ft_erff(x) ((float)erf((double)(x)))
 #define ft_gelu(x) ((x) < -40 ? -0.0 : 0.5 * (x) * erfc(-(x) * 0.7071067811865476))
-#define ft_geluf(x) ((float)ft_gelu((double)(x)))"""
+#define ft_geluf(x) ((float)ft_gelu((double)(x)))
+#ifndef FT_INLINE
+#define FT_INLINE static inline
+#endif
+#define FT_IPOW(name, T, U) FT_INLINE T name(T a, T b) { /* numpy's integer power, wrapping */ \
+  if (b < 0) return a == 1 ? 1 : a == -1 ? ((b & 1) ? -1 : 1) : 0; \
+  U r = 1, x = (U)a; for (; b; b >>= 1) { if (b & 1) r *= x; x *= x; } return (T)r; }
+FT_IPOW(ft_ipow32, int, unsigned int)
+FT_IPOW(ft_ipow64, long long, unsigned long long)"""
 
 
 def ctype(dtype: str) -> str:
@@ -167,6 +206,15 @@ def _row_param(name: str, stride, const: bool) -> cgen.Value:
     """A GEMM function's parameter for rows: a pointer (Rows, `stride` not None) or an array of them."""
     t = "const float" if const else "float"
     return cgen.Value(f"{t}* restrict" if stride is not None else f"{t}* const* restrict", name)
+
+
+def _madd(acc: str, a: str, b: str, t: str) -> str:
+    """`acc += a * b` of a GEMM's dot product, as one fused multiply-add for floats (ft_fma, where
+    the ISA has one): the generated C is compiled with -ffp-contract=off, so that no other
+    multiply and add fuse, but a dot product's may (as BLAS's, numpy's matmul, do)."""
+    if t in ("float", "double"):
+        return f"{acc} = ft_fma{'f' if t == 'float' else ''}({a}, {b}, {acc});"
+    return f"{acc} += {a} * {b};"
 
 
 def _start(init_row, init_scale, r, q) -> str:
@@ -335,9 +383,11 @@ class StatementBody:
         self.temps.append((line, f"v{op.id}", ctype(op.dtype), n * native_dtype(op.dtype).itemsize))
         self.lines.append(line)
 
-    # temporaries of one call kept on the stack (threads have 8 MB); more come from the scratch,
-    # which is slower (gcc keeps less in registers through pointers it cannot see the ends of)
-    STACK_BYTES = 2 * 1024 * 1024
+    # temporaries of one call kept on the stack; more come from the scratch, which is slower (gcc
+    # keeps less in registers through pointers it cannot see the ends of). Not the 8 MB a main
+    # thread has: the program may run in a thread of 1 MB (OMP_STACKSIZE=1M, threading's
+    # stack_size) with the interpreter's frames below it, so only small tiles stay on the stack
+    STACK_BYTES = 128 * 1024
 
     def _spill(self):
         """Temporaries of more than STACK_BYTES in all live in the thread's scratch (`c->ft_tmp`,
@@ -495,6 +545,8 @@ class StatementBody:
                 vals.append(name if op.op == "where" and k == 0 else cast(name, dtype, op.dtype))
             if op.op in UNARY:
                 expr = UNARY[op.op].format(x=vals[0] if vals else "0", f=self._f(op))
+            elif op.op == "pow":
+                expr = pow_c(op, vals[0], vals[1], self._f(op))
             else:
                 expr = BINARY[op.op].format(a=vals[0], b=vals[1], c=vals[-1], f=self._f(op))
             lines.append(cgen.Line(f"const {ctype(op.dtype)} _t{op.id} = {expr};"))
@@ -864,7 +916,8 @@ class StatementBody:
                 body.append(cgen.Block([
                     cgen.Line(f"const {t}* restrict _a = {a_row('_r')};"),
                     cgen.For("int _m = 0", f"_m < {K}", "_m++", cgen.For(
-                        "int _q = 0", f"_q < {Q}", "_q++", cgen.Line(f"_o[_q] += _a[_m] * {b}[_m*{Q} + _q];")))]))
+                        "int _q = 0", f"_q < {Q}", "_q++",
+                        cgen.Line(_madd("_o[_q]", "_a[_m]", f"{b}[_m*{Q} + _q]", t))))]))
             return [cgen.For("int _r = 0", f"_r < {nrows}", "_r++", cgen.Block(body))]
         def block(MR, first, last, tail):
             """Row blocks of MR rows from `first` while `last` holds; a `tail` block may run
@@ -907,7 +960,8 @@ class StatementBody:
                     steps.append(cgen.For(f"int _m = {m0}", f"_m < {m1}", "_m++", cgen.Block(
                         [cgen.Line(f"ft_vec _w{v};") for v in range(NV)]
                         + [cgen.Statement(f"memcpy(&_w{v}, {b} + {at} + {L * v}, sizeof _w{v})") for v in range(NV)]
-                        + [cgen.Line(f"{acc[i][v]} += {left(i)} * _w{v};") for i in range(MR) for v in range(NV)])))
+                        + [cgen.Statement(f"ft_vmadd{'_v' if splat else '_s'}({acc[i][v]}, {left(i)}, _w{v})")
+                           for i in range(MR) for v in range(NV)])))
                     if splat:
                         splats += [cgen.Line(f"ft_vec _ab{k}[{m1 - m0}][{MR}];"), cgen.For(
                             f"int _m = {m0}", f"_m < {m1}", "_m++", cgen.Block(

@@ -26,13 +26,37 @@ from polyft.deps.traffic import count
 
 from .c_family import (MACROS, TILE, StatementCalls, const_decl, local_batches, param_c, prepare, statement_functions,
                        tile_widths, tiled_loops, widened)
-from .c_statements import StatementBody, ctype, instance_flops, length_c, native_dtype, packed_right, panel_width
+from .c_statements import (FMA_MACROS, StatementBody, ctype, instance_flops, length_c, native_dtype, packed_right,
+                           panel_width)
 from .isl_ast import below, build_ast, call_name, evaluate, has_parallel, to_cgen, upper_bound
 from .protocol import Module, Target
 from .isa import Kernel, current, march
 
 with open(os.path.join(os.path.dirname(__file__), "vecmath.h")) as _f:
-    VECMATH = _f.read()
+    VECMATH = FMA_MACROS + _f.read()  # ft_fmaf for the polynomials, also where it stands alone (tests)
+
+# The micro-kernel's multiply-add `c += a * b` (a a float, `_s`, or a vector, `_v`) as one fused
+# instruction where the ISA has one: the generated C is compiled with -ffp-contract=off
+# (runtime_c.FLAGS), so only the multiply-adds polyft writes this way fuse (a dot product's,
+# as BLAS fuses them), never an elementwise `x * 2 - x`.
+VECTOR_FMA = """#if defined(__AVX512F__) && FT_VEC_FLOATS == 16
+#include <immintrin.h>
+#define ft_vfma(c, a, b) ((ft_vec)_mm512_fmadd_ps((__m512)(a), (__m512)(b), (__m512)(c)))
+#elif defined(__FMA__) && FT_VEC_FLOATS == 8
+#include <immintrin.h>
+#define ft_vfma(c, a, b) ((ft_vec)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(c)))
+#elif defined(__FMA__) && FT_VEC_FLOATS == 4
+#include <immintrin.h>
+#define ft_vfma(c, a, b) ((ft_vec)_mm_fmadd_ps((__m128)(a), (__m128)(b), (__m128)(c)))
+#elif defined(__ARM_FEATURE_FMA) && FT_VEC_FLOATS == 4
+#include <arm_neon.h>
+#define ft_vfma(c, a, b) ((ft_vec)vfmaq_f32((float32x4_t)(c), (float32x4_t)(a), (float32x4_t)(b)))
+#else
+#define ft_vfma(c, a, b) ((c) + (a) * (b))
+#endif
+#define ft_vmadd_v(c, a, b) ((c) = ft_vfma((c), (a), (b)))
+#define ft_vmadd_s(c, a, b) ((c) = ft_vfma((c), (ft_vec){0} + (a), (b)))
+"""
 
 PRELUDE = """#include <math.h>
 #include <stddef.h>
@@ -232,7 +256,8 @@ class CTarget(Target):
                                       cgen.Pointer(cgen.Value("const long", "params"))]),
             cgen.Block(setup + [code] + end + [cgen.Line("return 0;")]))
         vec = cgen.Line(f"typedef float ft_vec __attribute__((vector_size({4 * kernel[2]})));"
-                        f"  /* {kernel[2]} floats: a vector register of the GEMM micro-kernel */")
+                        f"  /* {kernel[2]} floats: a vector register of the GEMM micro-kernel */\n"
+                        f"#define FT_VEC_FLOATS {kernel[2]}\n" + VECTOR_FMA)
         module = cgen.Module([cgen.Line(PRELUDE), vec, cgen.Line(""), ctx, cgen.Line("")]
                              + [const_decl(n, v) for n, v in consts.values()] + [cgen.Line("")]
                              + [f for _, f in called_functions.values()] + functions + [cgen.Line(""), run])

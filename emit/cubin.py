@@ -21,7 +21,7 @@ import time
 
 from polyft.errors import CompileError
 
-from . import runtime_c, tool
+from . import private_files, runtime_c, tool
 
 FLAGS = ("-cubin", "-O3", "-std=c++14", "-Xptxas", "-v")
 LOG = "POLYFT_CUBIN_LOG"
@@ -52,9 +52,29 @@ def paths(source: str, arch: str) -> tuple:
     key = hashlib.sha256("\0".join([source, arch, release(path), *FLAGS]).encode()).hexdigest()[:24]
     folder = os.environ.get(CACHE)
     if folder:
-        os.makedirs(folder, exist_ok=True)
+        private_files.make_dirs(folder)
+        why = private_files.untrusted_dir(os.path.realpath(folder))
+        if why is not None:  # the driver would run what another user put there
+            raise CompileError(f"{CACHE}={folder} is {why}: cubins are code this process runs; use a folder only "
+                               "you can write", op="compile", where="nvcc")
     stem = os.path.join(folder or runtime_c.cache_dir(), f"cubin_{arch}_{key}")
     return stem + ".cubin", stem + ".ptxas"
+
+
+def _read_private(path: str) -> bytes | None:
+    """The bytes of the cache entry `path` if it is a regular file only this user can write (see
+    private_files); None if it is absent or anything else (then compiled again, and replaced)."""
+    try:
+        got = private_files.open_entry(path)
+    except (OSError, private_files.NotAFile):
+        return None
+    if got is None:
+        return None
+    fd, st = got
+    try:
+        return private_files.read_fd(fd, st.st_size)
+    finally:
+        os.close(fd)
 
 
 def build(source: str, arch: str, fresh: bool = False) -> tuple:
@@ -63,11 +83,9 @@ def build(source: str, arch: str, fresh: bool = False) -> tuple:
     generated lines nvcc complains about."""
     cubin, report = paths(source, arch)
     if not fresh:
-        try:
-            with open(cubin, "rb") as f, open(report) as g:
-                return f.read(), g.read()
-        except OSError:
-            pass
+        cached = _read_private(cubin), _read_private(report)
+        if None not in cached:
+            return cached[0], cached[1].decode()
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="polyft-nvcc-") as d:
         src, out = os.path.join(d, "module.cu"), os.path.join(d, "module.cubin")
@@ -80,9 +98,9 @@ def build(source: str, arch: str, fresh: bool = False) -> tuple:
                                op="compile", where="generated CUDA")
         with open(out, "rb") as f:
             body = f.read()
-    for name, data, mode in ((report, r.stderr, "w"), (cubin, body, "wb")):  # the cubin last: it marks both done
+    for name, data in ((report, r.stderr.encode()), (cubin, body)):  # the cubin last: it marks both done
         tmp = f"{name}.{os.getpid()}"
-        with open(tmp, mode) as f:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "wb") as f:
             f.write(data)
         os.replace(tmp, name)  # atomic: a concurrent compile of the same source writes the same bytes
     if os.environ.get(LOG):

@@ -56,10 +56,11 @@ with open(os.path.join(os.path.dirname(__file__), "tiles.cuh")) as _f:
     LIBRARY = _f.read()
 
 # the float element functions are CUDA's own (the C target's vectorised ones are for CPUs)
-PRELUDE = "#include <stdint.h>\n" + MACROS + """
+PRELUDE = "#include <stdint.h>\n#define FT_INLINE __device__ inline  /* not static: nvcc warns of unused ones */\n" \
+    + MACROS + """
 #define ft_expf expf
 #define ft_tanhf tanhf
-#define ft_sigmoidf(x) (1 / (1 + expf(-(x))))
+#define ft_sigmoidf(x) (((x) >= 0 ? 1.0f : expf(-fabsf(x))) / (1.0f + expf(-fabsf(x))))
 """
 
 # emulated, blocks run by turns between grid barriers, each with its own copy of the arena

@@ -2,7 +2,9 @@
    them vectorises (AVX2, AVX-512): no branches, no calls, no errno, bit casts by memcpy.
    libm's expf and tanhf are calls the compiler cannot vectorise; over an LSTM's gates they
    cost more than its matrix products. Accuracy against a float64 reference is measured in
-   tests/test_vecmath.py (max ulp error printed there and kept in the README). */
+   tests/test_vecmath.py (max ulp error printed there and kept in the README). The polynomials'
+   multiply-adds are fused where the ISA can (ft_fmaf): the generated C is compiled with
+   -ffp-contract=off, which fuses nothing by itself. */
 
 static inline float ft_ldexp2f(float p, int n)
 {  /* p * 2^n for n in [-152, 130], as two exact scalings so that no step overflows early
@@ -26,10 +28,10 @@ static inline float ft_expf(float x)
   /* the polynomial in Estrin's form: three independent pairs, not one chain of five
      multiply-adds (a vector of exps waits on latency, not issue: 8-27% faster, SSE2 to AVX-512) */
   const float r2 = r * r;
-  const float p54 = 1.9875691500e-4f * r + 1.3981999507e-3f;
-  const float p32 = 8.3334519073e-3f * r + 4.1665795894e-2f;
-  const float p10 = 1.6666665459e-1f * r + 5.0000001201e-1f;
-  const float p = ((p54 * r2 + p32) * r2 + p10) * r2 + r + 1.0f;
+  const float p54 = ft_fmaf(1.9875691500e-4f, r, 1.3981999507e-3f);
+  const float p32 = ft_fmaf(8.3334519073e-3f, r, 4.1665795894e-2f);
+  const float p10 = ft_fmaf(1.6666665459e-1f, r, 5.0000001201e-1f);
+  const float p = ft_fmaf(ft_fmaf(ft_fmaf(p54, r2, p32), r2, p10), r2, r) + 1.0f;
   const float y = ft_ldexp2f(p, (int)n);
   return x != x ? x : y;  /* NaN in, NaN out */
 }
@@ -39,16 +41,18 @@ static inline float ft_tanhf(float x)
      polynomial, beyond 1 - 2 / (e^{2|x|} + 1) */
   const float a = __builtin_fabsf(x), z = a * a;
   float p = -5.70498872745e-3f;
-  p = p * z + 2.06390887954e-2f;
-  p = p * z - 5.37397155531e-2f;
-  p = p * z + 1.33314422036e-1f;
-  p = p * z - 3.33332819422e-1f;
-  const float small = p * z * a + a;
+  p = ft_fmaf(p, z, 2.06390887954e-2f);
+  p = ft_fmaf(p, z, -5.37397155531e-2f);
+  p = ft_fmaf(p, z, 1.33314422036e-1f);
+  p = ft_fmaf(p, z, -3.33332819422e-1f);
+  const float small = ft_fmaf(p * z, a, a);
   const float big = 1.0f - 2.0f / (ft_expf(2.0f * a) + 1.0f);
   return __builtin_copysignf(a < 0.625f ? small : big, x);
 }
 
 static inline float ft_sigmoidf(float x)
-{  /* 1 / (1 + e^-x): e^-x = inf gives 0, as it should */
-  return 1.0f / (1.0f + ft_expf(-x));
+{  /* 1 / (1 + e^-x) for x >= 0, else e^x / (1 + e^x): never e^-x = inf, so the tail below x = -88
+      is e^x's (subnormal) rather than 0, as eager's sigmoid (polyft.primitives) */
+  const float e = ft_expf(-__builtin_fabsf(x));
+  return (x >= 0.0f ? 1.0f : e) / (1.0f + e);
 }

@@ -185,7 +185,12 @@ def _cell(value) -> str:
 
 def _measured(file: str, columns: list) -> dict:
     """The rows of a sweep's CSV per point: identity (its `columns` as text) -> DataFrame."""
-    old = pd.read_csv(file)
+    try:
+        old = pd.read_csv(file)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError) as e:
+        why = "it is empty" if isinstance(e, pd.errors.EmptyDataError) else e
+        raise PolyftError(f"cannot resume from {file}: {why} (delete it, or run without --resume)", op="resume",
+                          where="") from None
     missing = [c for c in columns if c not in old]
     if missing:
         raise PolyftError(f"cannot resume from {file}: it has no column {', '.join(missing)} (run without --resume)",

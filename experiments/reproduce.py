@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 
 from polyft.errors import PolyftError
+from polyft.outputs import writable_folder
 
 from .common import fresh_out, preset as preset_of, preset_args, run_args
 from .registry import ARTEFACTS, INDEX, PLOTS, PRESETS, write_index
@@ -123,6 +124,7 @@ def command(names, args, steps=()) -> int:
     names = check(names)  # before a folder is made
     if args.out is None:
         args.out = fresh_out(args.resume)
+    writable_folder(args.out, "--out")  # a file, below a file, /proc: an error before anything is printed
     print(f"writing into {args.out}" + ("" if os.path.isdir(args.out) else " (a new folder)"), flush=True)
     rows, written = reproduce(names, preset_of(args), args.out, plots=not args.no_plots, resume=args.resume,
                               steps=steps)

@@ -480,13 +480,53 @@ def vjp(fn, *inputs, checkpoint=None):
             raise DifferentiationError(f"the pullback takes one cotangent per output ({len(out_leaves)}), got "
                                        f"{len(ct_leaves)}", op="pullback")
         ct_leaves = [FractalTensor.from_numpy(c, o.primal.depth) if isinstance(c, np.ndarray) and _is_list(o.primal)
-                     else c for c, o in zip(ct_leaves, out_leaves)]
+                     and c.ndim >= o.primal.depth else c for c, o in zip(ct_leaves, out_leaves)]
+        for k, (c, o) in enumerate(zip(ct_leaves, out_leaves)):
+            _check_cotangent(k, len(out_leaves), c, o.primal)
         with _Pushed(None):
             acc = tape.backward(out_leaves, ct_leaves)
             grads = tuple(pytree.map(lambda a: _grad_of(acc, a), x) for x in ad_inputs)
         return grads
 
     return outputs, pullback
+
+
+def _type_of(x) -> tuple | None:
+    """(depth, lengths or None where symbolic, element shape, dtype) of a list or an array, None
+    for anything else."""
+    if _is_list(x):
+        lengths = None if is_traced(x) or not x.is_regular else x.dense_view().shape[:x.depth]
+        return x.depth, lengths, tuple(x.element_shape), np.dtype(x.dtype)
+    if is_traced(x) or isinstance(x, (np.ndarray, np.generic)):
+        return 0, (), tuple(np.shape(x)), np.dtype(x.dtype)
+    return None
+
+
+def _check_cotangent(k: int, n: int, ct, primal) -> None:
+    """A DifferentiationError unless the cotangent `ct` of output k is of its output's kind: a list
+    of its depth, lengths (where both are known) and element shape, or an array of its shape; of
+    a float dtype."""
+    want, got = _type_of(primal), _type_of(ct)
+    fits = got is not None and got[0] == want[0] and got[2] == want[2] and got[3].kind == "f" and \
+        (got[1] is None or want[1] is None or tuple(got[1]) == tuple(want[1]))
+    if fits:
+        return
+    which = "the output" if n == 1 else f"output {k}"
+    shown = describe(ct) if got is not None else f"a Python {type(ct).__name__}"
+    raise DifferentiationError(f"the cotangent of {which} must be of its type, {describe(primal)} (a float dtype); "
+                               f"got {shown}", op="pullback")
+
+
+def _argnums(argnums) -> tuple:
+    """(positions, one) for grad's `argnums`: an int, or a tuple or list of ints."""
+    def position(a) -> bool:
+        return isinstance(a, (int, np.integer)) and not isinstance(a, bool)
+    if position(argnums):
+        return (int(argnums),), True
+    if isinstance(argnums, (tuple, list)) and argnums and all(position(a) for a in argnums):
+        return tuple(int(a) for a in argnums), False
+    raise DifferentiationError(f"argnums must be an input's position (an int) or a non-empty tuple of them, got "
+                               f"{argnums!r} ({type(argnums).__name__})", op="grad")
 
 
 def _grad_of(acc, a):
@@ -501,7 +541,7 @@ def grad(fn, argnums=0, checkpoint=None):
     by argnums (an int: one gradient; a tuple: a tuple). It is a polyft program too: eager on numpy,
     compiled by `ft.compile(ft.grad(fn), *specs)` (forward and backward in one program). `checkpoint`
     as for `vjp`."""
-    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+    nums, one = _argnums(argnums)
 
     def grad_fn(*inputs):
         for k in nums:
@@ -522,7 +562,7 @@ def grad(fn, argnums=0, checkpoint=None):
                                        "ft.vjp for other outputs (or reduce them with ft.sum)", op="grad")
         seed = _ones_like(leaves[0])
         grads = pullback(seed)
-        return grads[0] if isinstance(argnums, int) else grads
+        return grads[0] if one else grads
 
     grad_fn.__name__ = f"grad_{getattr(fn, '__name__', 'fn')}"
     return grad_fn

@@ -59,6 +59,20 @@ def _same(dtype, native):
     return dtype if dtype == native else native
 
 
+def contiguous(name: str, arr: np.ndarray, dtype) -> np.ndarray:
+    """`arr` as the contiguous native-order array generated code reads (itself where it is one);
+    OutOfMemoryError naming the input when the copy does not fit."""
+    try:
+        return np.ascontiguousarray(arr, dtype=dtype)
+    except MemoryError:
+        size = arr.size * np.dtype(dtype).itemsize
+        why = ("broadcast (a stride of 0)" if 0 in arr.strides and arr.size > 1 else "strided, or not in native "
+               "byte order") if not arr.flags.c_contiguous or arr.dtype != dtype else "contiguous"
+        raise OutOfMemoryError(f"input {name} {list(arr.shape)} {arr.dtype} is {why}: the compiled code reads a "
+                               f"contiguous copy, {size / 2**30:.3g} GiB, which cannot be allocated; pass a "
+                               "contiguous array (np.ascontiguousarray) or use smaller lengths", op="call") from None
+
+
 def allocate(b, shape) -> np.ndarray:
     """The array for buffer `b`; OutOfMemoryError naming it when numpy cannot allocate it."""
     try:
@@ -74,8 +88,8 @@ class CallPath:
 
     def __init__(self, prog):
         self.prog = prog
-        self.inputs = [(k, buf, np.dtype(buf.dtype), _same(np.dtype(buf.dtype), native_dtype(buf.dtype)))
-                       for k, (_, buf) in enumerate(prog.etdg.inputs) if buf is not None]
+        self.inputs = [(k, name, buf, np.dtype(buf.dtype), _same(np.dtype(buf.dtype), native_dtype(buf.dtype)))
+                       for k, (name, buf) in enumerate(prog.etdg.inputs) if buf is not None]
         self.count = len(prog.etdg.inputs)
         self.captured = list(prog.traced.captured)
         self.index_checks = [(dict(prog.etdg.inputs)[c.ids], c) for c in getattr(prog.traced, "index_checks", ())]
@@ -89,7 +103,7 @@ class CallPath:
         reads them (in place where contiguous and of the stored dtype); None for the key where an
         input's dtype is not the one compiled, or a list is ragged (the full check names it)."""
         given, key = {}, []
-        for k, buf, dtype, native in self.inputs:
+        for k, name, buf, dtype, native in self.inputs:
             arg = inputs[k]
             if isinstance(arg, FractalTensor):
                 try:
@@ -102,7 +116,7 @@ class CallPath:
                 return None, given
             key.append((arr.shape, depth))
             if dtype is not native or not arr.flags.c_contiguous:
-                arr = np.ascontiguousarray(arr, dtype=native)
+                arr = contiguous(name, arr, native)
             given[buf] = arr
         return tuple(key), given
 

@@ -22,6 +22,7 @@ from . import __version__
 from .errors import PolyftError, ScheduleError
 from .interpret import bind_params
 from .loading import command_line_error, load_function, parse_specs
+from .outputs import plot_format, writable_file
 from .program import analyze
 from .tracing import trace
 from .workloads import WORKLOADS, get
@@ -86,16 +87,11 @@ def _subject(args) -> _Subject:
     return _Subject(args.workload, fn, parse_specs(fn, args.spec))
 
 
-def _writable(path: str | None, option: str) -> None:
-    """An output file whose folder does not exist: an error before anything is printed."""
-    folder = os.path.dirname(os.path.abspath(path)) if path else None
-    if folder and not os.path.isdir(folder):
-        raise command_line_error(f"{option} {path}: no folder {folder} to write it in")
-
-
 def cmd_inspect(args) -> int:
-    _writable(args.plot, "--plot")
-    _writable(args.dot, "--dot")
+    for path, option in ((args.plot, "--plot"), (args.dot, "--dot")):  # before anything is printed
+        if path is not None:
+            writable_file(path, option)
+    plot_as = plot_format(args.plot) if args.plot else None
     subject = _subject(args)
     specs = subject.specs
     sizes = _sizes(args.size)
@@ -133,7 +129,7 @@ def cmd_inspect(args) -> int:
         if args.storage:
             print("\n" + _storage(prog))
     if picture is not None:
-        picture.savefig(args.plot, dpi=100)
+        picture.savefig(args.plot, dpi=100, format=plot_as)  # format given: matplotlib writes args.plot as named
         print(f"\nwrote {args.plot}")
     return status
 

@@ -457,26 +457,64 @@ def digest(a) -> str:
 SNAPSHOT_BYTES = 1 << 16  # a captured array up to this size is compared with a copy of its bytes
 
 
+def _contents(value) -> np.ndarray:
+    """The values of a captured numpy array or FractalTensor (the array it views, without a copy
+    where it is one)."""
+    return value.dense_view() if hasattr(value, "dense_view") else value
+
+
+def frozen_key(a: np.ndarray):
+    """(address, shape, strides) of `a` when neither it nor any array it views can be written
+    (numpy's writeable flags, down to memory an array owns or an immutable bytes object), else
+    None: such an array is taken not to change (a view made writable before it was frozen is the
+    one way around that, as for numpy's own read-only arrays)."""
+    b = a
+    while isinstance(b, np.ndarray):
+        if b.flags.writeable:
+            return None
+        b = b.base
+    if b is not None and not isinstance(b, bytes):
+        return None  # memory of a buffer numpy does not guard (mmap, array.array, ...)
+    return (a.__array_interface__["data"][0], a.shape, a.strides)
+
+
 @dataclass
 class Captured:
-    """A numpy array the traced program captured (a closure's weights, gather indices): its
-    value is compiled into the code, so a later change must not go unnoticed. Every call checks:
-    a small array against a copy of its bytes (a hash costs microseconds even for a few bytes,
-    and an LSTM's pullback captures several), a large one by its hash."""
+    """A numpy array or FractalTensor the traced program captured (a closure's weights, gather
+    indices): its value is compiled into the code, so a later change must not go unnoticed. A
+    read-only one (`frozen_key`) costs a pointer and flags check a call; a small writable one is
+    compared with a copy of its bytes (a hash costs microseconds even for a few bytes, and an
+    LSTM's pullback captures several), a large one hashed every call (a 64 MB weight: tens of ms)."""
 
     array: object
     digest: str
     where: str | None
+    frozen: tuple | None = None
+
+    @classmethod
+    def of(cls, value, where) -> "Captured":
+        a = _contents(value)
+        return cls(value, digest(a), where, frozen_key(a))
 
     def __post_init__(self):
-        a = self.array
-        self._snapshot = (a.dtype, a.shape, a.tobytes()) if a.nbytes <= SNAPSHOT_BYTES else None
+        a = _contents(self.array)
+        self._snapshot = (a.dtype, a.shape, a.tobytes()) if self.frozen is None and a.nbytes <= SNAPSHOT_BYTES else None
 
     def changed(self) -> bool:
+        a = _contents(self.array)
+        if self.frozen is not None and frozen_key(a) == self.frozen:
+            return False
         if self._snapshot is not None:
-            a = self.array
             return (a.dtype, a.shape, a.tobytes()) != self._snapshot
-        return digest(self.array) != self.digest
+        return digest(a) != self.digest
+
+    @property
+    def what(self) -> str:
+        """The captured value in the user's terms."""
+        a = self.array
+        if hasattr(a, "dense_view"):
+            return f"FractalTensor {a.type_string}"
+        return f"numpy array {a.dtype}{list(a.shape)}"
 
 
 class ETDG:
@@ -595,25 +633,26 @@ class ETDG:
         return "\n".join(lines)
 
     def to_dot(self) -> str:
-        """Graphviz DOT: buffers as boxes, blocks as clusters, access maps on edges."""
-        out = [f'digraph "{self.name}" {{', "  compound=true; rankdir=LR;",
+        """Graphviz DOT: buffers as boxes, blocks as clusters, access maps on edges. Every name
+        and label is a quoted DOT string (`_dot`), whatever characters the user's names hold."""
+        out = [f"digraph {_dot(self.name)} {{", "  compound=true; rankdir=LR;",
                '  node [fontname="monospace" fontsize=10];']
         seen = set()
         for b in self.buffers:
             b = b.resolve()
             if id(b) not in seen:
                 seen.add(id(b))
-                out.append(f'  "{b.name}" [shape=box3d label="{b.name}\\n{b.type}"];')
+                out.append(f"  {_dot(b.name)} [shape=box3d label={_dot(b.name, str(b.type))}];")
 
         def emit(block, indent):
             for n in block.body:
                 if isinstance(n, BlockNode):
                     label = f"{n.name}: [{', '.join(d.name for d in n.dims)}] p=[{', '.join(n.p)}]"
-                    out.append(f'{indent}subgraph "cluster_{n.name}" {{ label="{label}";')
+                    out.append(f"{indent}subgraph {_dot('cluster_' + n.name)} {{ label={_dot(label)};")
                     emit(n, indent + "  ")
                     out.append(f"{indent}}}")
                 else:
-                    out.append(f'{indent}"op{n.id}" [shape=ellipse label="{n.op}"];')
+                    out.append(f'{indent}"op{n.id}" [shape=ellipse label={_dot(n.op)}];')
         emit(self.root, "  ")
         for st in self.statements:
             for op in st.ops:
@@ -621,12 +660,17 @@ class ETDG:
                     if isinstance(a, OpNode):
                         out.append(f'  "op{a.id}" -> "op{op.id}";')
                 for am in access_maps(op, st.dims):
-                    ends = [f'"{am.buffer.resolve().name}"', f'"op{op.id}"']
+                    ends = [_dot(am.buffer.resolve().name), f'"op{op.id}"']
                     src, dst = ends if am.kind == "read" else ends[::-1]
-                    lbl = am.describe().replace('"', "'")
-                    out.append(f'  {src} -> {dst} [label="{lbl}"];')
+                    out.append(f"  {src} -> {dst} [label={_dot(am.describe())}];")
         out.append("}")
         return "\n".join(out)
+
+
+def _dot(*lines: str) -> str:
+    """A quoted DOT string of `lines` (one label line each): quotes and backslashes escaped."""
+    return '"' + "\\n".join(str(t).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+                             for t in lines) + '"'
 
 
 def _format_operand(a) -> str:

@@ -112,6 +112,14 @@ class Primitive:
         return self.impl(list(operands), **attrs) if self.variadic else self.impl(*operands, **attrs)
 
 
+def _sigmoid(x):
+    """1 / (1 + e^-x) for x >= 0, else e^x / (1 + e^x): e^-|x| never overflows, and the negative
+    tail is e^x's, not 0 (log(sigmoid(-20)) is -20 in float32); the compiled code computes the same."""
+    with np.errstate(under="ignore"):  # e^-|x| reaching 0 (or a subnormal) is the answer, not a fault
+        e = np.exp(-np.abs(x))
+        return np.where(x >= 0, 1, e) / (1 + e)
+
+
 def _softmax(x, axis=-1):
     """exp(x) / sum(exp(x)) along axis, shifted by the max for stability."""
     e = np.exp(x - np.max(x, axis=axis, keepdims=True))
@@ -192,7 +200,7 @@ PRIMITIVES = {p.name: p for p in (
     Primitive("astype", lambda x, dtype: np.asarray(x).astype(dtype)),  # `x.astype(d)`; matmul's operands
     # element math (`ft.tanh`, ...)
     Primitive("tanh", np.tanh),
-    Primitive("sigmoid", lambda x: 0.5 * (1 + np.tanh(0.5 * x))),  # cannot overflow
+    Primitive("sigmoid", _sigmoid),
     Primitive("exp", np.exp),
     Primitive("log", np.log),
     Primitive("sqrt", np.sqrt),

@@ -17,6 +17,7 @@ from polyft.emit.c_target import CTarget, packed_weights
 from polyft.emit.gpu_count import count as count_traffic
 from polyft.emit.race_check import races as find_races
 from polyft.emit.targets import select
+from polyft.names import tuple_name
 from polyft.schedule.coarsen import coarsen as coarsen_etdg
 from polyft.schedule.provenance import Coarsening
 from polyft.schedule.schedule import make_schedule, schedule_kind
@@ -317,6 +318,7 @@ class CompiledProgram(Program):
         """The inputs in order, keyword arguments placed by the traced function's parameter names."""
         if not named:
             return inputs
+        named = {tuple_name(k): v for k, v in named.items()}  # as the trace wrote them (polyft.names)
         names = [n for n, _ in self.etdg.inputs]
         wrong = [k for k in named if k not in names or k in names[:len(inputs)]]
         missing = [n for n in names[len(inputs):] if n not in named]
@@ -333,7 +335,7 @@ class CompiledProgram(Program):
         changed = [c for c in self.traced.captured if c.changed()]
         if changed:
             c = changed[0]
-            raise InputError(f"the numpy array {c.array.dtype}{list(c.array.shape)} captured as a constant "
+            raise InputError(f"the {c.what} captured as a constant "
                              f"{'at ' + c.where if c.where else ''} changed after compiling: the compiled code holds "
                              "its old value; pass it as an input to the program, or compile again", op="call")
         if len(inputs) != len(self.etdg.inputs):
@@ -352,9 +354,9 @@ class CompiledProgram(Program):
             if buf is None:
                 continue
             arr = arg.dense_view() if isinstance(arg, FractalTensor) else np.asarray(arg)
-            if arr.dtype != np.dtype(buf.dtype):
+            if arr.dtype.newbyteorder("=") != np.dtype(buf.dtype):  # either byte order: the copy converts it
                 raise InputError(f"input {name} should be {buf.dtype}, got {arr.dtype}", op="call")
-            storage[buf] = np.ascontiguousarray(arr, dtype=native_dtype(buf.dtype))
+            storage[buf] = calls.contiguous(name, arr, native_dtype(buf.dtype))
         for check in getattr(self.traced, "index_checks", ()):  # ids given now, for a gather
             check.check(storage[dict(self.etdg.inputs)[check.ids]], params, InputError)
         for b in self.layout.buffers:

@@ -25,13 +25,14 @@ from . import errors, pytree
 from .affine import Aff, Constraint, IterDim, Length, eq, ge
 from .errors import (AccessError, DepthError, EmptyReduceError, IndexRangeError, InPlaceError, LengthMismatchError,
                      RaggedError, ReturnTypeError, StateTypeError, TracerControlFlowError, WindowError)
-from .etdg import (ETDG, Assumption, BlockNode, Buffer, Captured, Gather, IndexCheck, OpNode, Piece, digest,
+from .etdg import (ETDG, Assumption, BlockNode, Buffer, Captured, Gather, IndexCheck, OpNode, Piece,
                    drop_dead_ops, merge_perfect_nests, referenced, walk)
 from .fractaltensor import (FractalTensor, ListBase, Zip, describe_operand, gather_indices, unzip,
                            window_args)
 from .primitives import PRIMITIVES, newaxis_shape, permutation, reshaped
 from .ragged import Ragged, RaggedInput, from_coordinates, lengths_of, ragged_length, to_coordinates
 from .ragged import text as length_text
+from .names import tuple_name
 from .types import DTYPES, Spec
 
 _DIM_LETTERS = "ijklmnpqrsuvw"
@@ -57,9 +58,9 @@ class _TraceState:
         self.ragged: list = []  # ragged.RaggedInput: inputs whose last level's lengths are given at call time
 
     def capture(self, a) -> None:
-        """Remember a user's numpy array the program holds as a constant (its content hash)."""
-        if isinstance(a, np.ndarray) and id(a) not in self.captured:
-            self.captured[id(a)] = Captured(a, digest(a), errors.user_location())
+        """Remember a numpy array or FractalTensor of the user's the program holds as a constant."""
+        if isinstance(a, (np.ndarray, FractalTensor)) and id(a) not in self.captured:
+            self.captured[id(a)] = Captured.of(a, errors.user_location())
 
     def assume(self, expr: Length, op: str, kind: str = "ge", d: int = 1) -> None:
         """Record that the program needs `expr >= 0` (or d | expr) for its symbolic lengths."""
@@ -836,6 +837,7 @@ def _const_list(ft: FractalTensor) -> FTTracer:
                           "list's lengths are call-time data): pass it to the program as an input", op="trace")
     arr = ft.to_numpy()
     st = _state()
+    st.capture(ft)  # its values are compiled in: a change to them is an error at the next call
     b = st.new_buffer(list(arr.shape[:ft.depth]), ft.element_shape, ft.dtype, "const", arr)
     return _identity_view(b, ())
 
@@ -1219,6 +1221,7 @@ def trace(fn, *args) -> ETDG:
         except (TypeError, ValueError):
             names = []
         names += [f"in{k}" for k in range(len(names), len(args))]
+        names = [tuple_name(n) for n in names]  # ISL-readable (polyft.names)
         inputs, traced_args = [], []
         for name, arg in zip(names, args):
             b, v = _input(st, name, arg)
@@ -1239,6 +1242,7 @@ def trace(fn, *args) -> ETDG:
             b.kind = "output"
             nm = out_names[k] if k < len(out_names) and out_names[k] else ("out" if len(out_leaves) == 1
                                                                            else f"out{k}")
+            nm = tuple_name(nm)
             b.name = _unused(nm if nm not in names else f"{nm}_out", {*names, *(o.name for o in outputs)})
             outputs.append(b)
         drop_dead_ops(st.root)

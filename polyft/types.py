@@ -14,6 +14,7 @@ import numpy as np
 
 from .affine import Length
 from .errors import SpecError
+from .names import written
 from .ragged import Ragged
 from .ragged import text as length_text
 
@@ -54,6 +55,11 @@ class FTType:
 _TYPE_RE = re.compile(r"^\s*(?:\[(?P<prog>[^\]]*)\])?\s*(?P<dtype>[a-z]+\d*)\s*\[(?P<static>[^\]]*)\]\s*$")
 
 
+def _number(tok: str) -> bool:
+    """Whether `tok` is a whole number in ASCII digits (str.isdigit also takes '²', which int() refuses)."""
+    return tok.isascii() and tok.isdigit()
+
+
 def parse_type(text: str) -> FTType:
     """Parse `[N, L]float32[1, 512]` or `float32[512, 512]`."""
     m = _TYPE_RE.match(text)
@@ -73,7 +79,13 @@ def parse_type(text: str) -> FTType:
                 raise SpecError(f"the outermost list level cannot be ragged (its length is one number): {text!r}",
                                 op="spec")
             tok = tok[2:].strip() if ragged else tok
-            n = Length.of(int(tok)) if tok.isdigit() else Length.of(tok)
+            if _number(tok):
+                n = Length.of(int(tok))
+            elif tok.isidentifier():
+                n = Length.of(written(tok))  # any identifier: polyft.names spells it for ISL and C
+            else:
+                raise SpecError(f"a programmable length must be a number (ASCII digits) or a name (an "
+                                f"identifier), not {tok!r} in {text!r}", op="spec")
             lengths.append(Ragged(n) if ragged else n)
         if not lengths:
             raise SpecError(f"a FractalTensor type needs at least one programmable length: {text!r}", op="spec")
@@ -82,8 +94,8 @@ def parse_type(text: str) -> FTType:
     static = []
     for tok in m.group("static").split(",") if m.group("static").strip() else ():  # `int64[]`: scalars
         tok = tok.strip()
-        if not tok.isdigit():
-            raise SpecError(f"static dims must be integers, got {tok!r} in {text!r}", op="spec")
+        if not _number(tok):
+            raise SpecError(f"static dims must be integers (ASCII digits), got {tok!r} in {text!r}", op="spec")
         static.append(int(tok))
     return FTType(tuple(lengths), tuple(static), dtype)
 
