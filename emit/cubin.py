@@ -24,6 +24,13 @@ from polyft.errors import CompileError
 from . import private_files, runtime_c, tool
 
 FLAGS = ("-cubin", "-O3", "-std=c++14", "-Xptxas", "-v")
+
+
+def flags() -> tuple:
+    """nvcc's flags: FLAGS, and multiplies and adds fused only where the code asks (fmaf: the
+    tile GEMM's dot products), as the C target's -ffp-contract=off, unless POLYFT_FP_CONTRACT
+    is `fast` (emit/runtime_c.py)."""
+    return (*FLAGS, f"--fmad={'true' if runtime_c.contraction() == 'fast' else 'false'}")
 LOG = "POLYFT_CUBIN_LOG"
 CACHE = "POLYFT_CUBIN_CACHE"
 
@@ -49,7 +56,7 @@ def paths(source: str, arch: str) -> tuple:
     path = nvcc()
     if path is None:
         raise CompileError("the CUDA target needs nvcc on PATH to compile its kernels", op="compile", where="nvcc")
-    key = hashlib.sha256("\0".join([source, arch, release(path), *FLAGS]).encode()).hexdigest()[:24]
+    key = hashlib.sha256("\0".join([source, arch, release(path), *flags()]).encode()).hexdigest()[:24]
     folder = os.environ.get(CACHE)
     if folder:
         private_files.make_dirs(folder)
@@ -91,7 +98,7 @@ def build(source: str, arch: str, fresh: bool = False) -> tuple:
         src, out = os.path.join(d, "module.cu"), os.path.join(d, "module.cubin")
         with open(src, "w") as f:
             f.write(source)
-        r = tool.run([nvcc(), f"-arch={arch}", *FLAGS, src, "-o", out], where="generated CUDA")
+        r = tool.run([nvcc(), f"-arch={arch}", *flags(), src, "-o", out], where="generated CUDA")
         if r.returncode != 0 or not os.path.exists(out):
             msg = (r.stderr or r.stdout).strip()
             raise CompileError(f"nvcc failed (-arch={arch}):\n{msg}\n{runtime_c.source_context(source, msg)}",

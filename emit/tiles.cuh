@@ -238,7 +238,7 @@ __device__ __forceinline__ float component(const float4& v, int s) { return s ==
 /* acc += one staged chunk's product for the micro-tile of thread (tm, tn): rows tm + i * MT,
    columns tn * 4 + j (b row-major: one float4 of a row) or, TRANS, tn + j * NT (one float4
    along k of each of 4 rows of x, rows 4 banks apart). Every 4 k-steps read TM + 4 float4s
-   of shared memory (LDS.128) for 16 * TM multiply-adds. */
+   of shared memory (LDS.128) for 16 * TM multiply-adds, fused (fmaf: nvcc runs with --fmad=false). */
 template <int TM, int MT, int NT, int BK, int LA, int LB, bool TRANS>
 __device__ __forceinline__ void multiply_chunk(float (&acc)[TM][4], const float* __restrict__ sa,
                                                const float* __restrict__ sb, int tm, int tn) {
@@ -256,7 +256,7 @@ __device__ __forceinline__ void multiply_chunk(float (&acc)[TM][4], const float*
 #pragma unroll
         for (int i = 0; i < TM; i++)
 #pragma unroll
-          for (int j = 0; j < 4; j++) acc[i][j] += component(av[i], s) * component(bv[j], s);
+          for (int j = 0; j < 4; j++) acc[i][j] = fmaf(component(av[i], s), component(bv[j], s), acc[i][j]);
     } else {
 #pragma unroll
       for (int s = 0; s < 4; s++) {
@@ -264,7 +264,7 @@ __device__ __forceinline__ void multiply_chunk(float (&acc)[TM][4], const float*
 #pragma unroll
         for (int i = 0; i < TM; i++)
 #pragma unroll
-          for (int j = 0; j < 4; j++) acc[i][j] += component(av[i], s) * component(bv, j);
+          for (int j = 0; j < 4; j++) acc[i][j] = fmaf(component(av[i], s), component(bv, j), acc[i][j]);
       }
     }
   }

@@ -176,3 +176,21 @@ def test_gpu_larger_lstm_equals_eager():
     got = prog(*inputs)
     assert rel_error(got, mod.program(*inputs)) < 1e-5
     assert np.isfinite(got[0].to_numpy()).all()
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed on this machine")
+@pytest.mark.parametrize("mode, fused", [("off", False), ("fast", True)])
+def test_nvcc_fuses_an_elementwise_multiply_and_add_only_when_asked(mode, fused, monkeypatch, tmp_path):
+    """`a * b + 3` rounds twice on the GPU too, as numpy's (`--fmad=false`: PTX mul.rn then add),
+    unless POLYFT_FP_CONTRACT=fast lets nvcc fuse it (an fma.rn)."""
+    from polyft.emit import cubin
+    monkeypatch.setenv("POLYFT_FP_CONTRACT", mode)
+    x = ft.FractalTensor.from_numpy(np.ones((4, 2, 8), np.float32), 1)
+    prog = ft.analyze(lambda xs, ys: ft.map(lambda a, b: a * b + 3.0, xs, ys), x, x)
+    (tmp_path / "k.cu").write_text(CudaTarget().generate(prog.model, prog.schedule).source)
+    flags = [f for f in cubin.flags() if f not in ("-cubin", "-Xptxas", "-v")]  # the runtime's, as PTX
+    r = subprocess.run(["nvcc", "-ptx", "-arch=sm_90", *flags, str(tmp_path / "k.cu"), "-o", str(tmp_path / "k.ptx")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    ptx = (tmp_path / "k.ptx").read_text()
+    assert ("fma.rn.f32" in ptx) == fused and ("mul.rn.f32" in ptx) != fused
