@@ -498,7 +498,7 @@ def _type_of(x) -> tuple | None:
         lengths = None if is_traced(x) or not x.is_regular else x.dense_view().shape[:x.depth]
         return x.depth, lengths, tuple(x.element_shape), np.dtype(x.dtype)
     if is_traced(x) or isinstance(x, (np.ndarray, np.generic)):
-        return 0, (), tuple(np.shape(x)), np.dtype(x.dtype)
+        return 0, (), tuple(x.shape), np.dtype(x.dtype)  # a traced value's static shape: not np.shape
     return None
 
 
