@@ -7,18 +7,18 @@ compiler runs in a session of its own, so that on time-out the whole process gro
 a wrapper script's children (the real compiler, its assembler) would otherwise keep the output
 pipes open and the wait for them would block in turn.
 
-Nor does a compiler outlive polyft: it is killed (SIGKILL, by the kernel: PR_SET_PDEATHSIG) when
-the thread that started it dies; its process group is killed at interpreter exit and, where the
+Nor does a compiler outlive polyft: it is killed (SIGKILL, by the kernel: PR_SET_PDEATHSIG, set by
+util-linux's setpriv where it is installed) when the thread that started it dies; its process group is killed at interpreter exit and, where the
 program left SIGTERM's default, on SIGTERM. A process that ignores SIGCHLD cannot read a
 compiler's exit status, and one without a free file descriptor cannot start it: each is a
 CompileError that says what to do."""
 from __future__ import annotations
 
 import atexit
-import ctypes
 import errno
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -45,18 +45,20 @@ def timeout() -> float:
     return limit
 
 
-PR_SET_PDEATHSIG = 1
-_libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None  # prctl
+# The compiler is started through util-linux's setpriv, which sets PR_SET_PDEATHSIG and execs it:
+# Python code run in the child between fork and exec (subprocess's preexec_fn) is unsafe in a
+# threaded program and makes JAX (and others that hook os.fork) warn of deadlocks at every compile.
+_SETPRIV = shutil.which("setpriv") if sys.platform.startswith("linux") else None
 _running: set = set()  # process groups of compilers running now
 _lock = threading.Lock()
 
 
-def _in_child() -> None:
-    """In the compiler's process, before exec: killed when its parent thread dies; SIGCHLD back
-    to its default (ignored, its own children could not be waited for)."""
-    if _libc is not None:
-        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+def _killed_with_parent(command: list) -> list:
+    """`command`, killed (SIGKILL, by the kernel) when the thread that starts it dies, where setpriv
+    can arrange it; FileNotFoundError, as Popen's, where the compiler itself is missing."""
+    if shutil.which(command[0]) is None:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), command[0])
+    return [_SETPRIV, "--pdeathsig", "KILL", "--", *command] if _SETPRIV else list(command)
 
 
 def _kill_running() -> None:
@@ -100,8 +102,8 @@ def _popen(command: list, where: str) -> subprocess.Popen:
                            "cannot be read: restore the default before compiling, signal.signal(signal.SIGCHLD, "
                            "signal.SIG_DFL)", op="compile", where=where)
     try:
-        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True, preexec_fn=_in_child)
+        return subprocess.Popen(_killed_with_parent(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
     except OSError as e:
         if e.errno in (errno.EMFILE, errno.ENFILE):
             raise CompileError(f"cannot start {command[0]}: every file descriptor is in use ({e.strerror}); close "
