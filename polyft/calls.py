@@ -88,8 +88,8 @@ class CallPath:
 
     def __init__(self, prog):
         self.prog = prog
-        self.inputs = [(k, name, buf, np.dtype(buf.dtype), _same(np.dtype(buf.dtype), native_dtype(buf.dtype)))
-                       for k, (name, buf) in enumerate(prog.etdg.inputs) if buf is not None]
+        self.inputs = [(k, buf, np.dtype(buf.dtype), _same(np.dtype(buf.dtype), native_dtype(buf.dtype)))
+                       for k, (_, buf) in enumerate(prog.etdg.inputs) if buf is not None]
         self.count = len(prog.etdg.inputs)
         self.captured = list(prog.traced.captured)
         self.index_checks = [(dict(prog.etdg.inputs)[c.ids], c) for c in getattr(prog.traced, "index_checks", ())]
@@ -100,10 +100,10 @@ class CallPath:
 
     def key(self, inputs) -> tuple:
         """(key, {buffer: array}): the inputs' shapes and list depths, and their arrays as the code
-        reads them (in place where contiguous and of the stored dtype); None for the key where an
-        input's dtype is not the one compiled, or a list is ragged (the full check names it)."""
+        reads them (in place); None for the key where an input is not contiguous in the stored dtype
+        (the full check copies it, once it has checked the lengths), or a list is ragged (it names it)."""
         given, key = {}, []
-        for k, name, buf, dtype, native in self.inputs:
+        for k, buf, dtype, native in self.inputs:
             arg = inputs[k]
             if isinstance(arg, FractalTensor):
                 try:
@@ -112,11 +112,9 @@ class CallPath:
                     return None, given
             else:
                 arr, depth = np.asarray(arg), None
-            if arr.dtype != dtype:
-                return None, given
+            if arr.dtype != dtype or dtype is not native or not arr.flags.c_contiguous:
+                return None, given  # copied by the full check, after it has checked the lengths
             key.append((arr.shape, depth))
-            if dtype is not native or not arr.flags.c_contiguous:
-                arr = contiguous(name, arr, native)
             given[buf] = arr
         return tuple(key), given
 

@@ -414,17 +414,17 @@ def test_one_compiled_program_called_from_four_threads_at_once():
 
 def test_a_buffer_numpy_cannot_allocate_is_an_out_of_memory_error_naming_it(monkeypatch):
     """numpy's MemoryError for a call's output (simulated: a real one needs the memory to fail)."""
-    from polyft import program
+    from polyft import calls
     from polyft.errors import OutOfMemoryError
     prog = ft.compile(tanh_rows, ft.spec("[N]float32[1, 4096]"))
     xs = flist([3], (1, 4096), 18)
     real = np.empty
 
     def refuse_large(shape, *a, **k):  # the call's buffers, not other arrays (to_numpy's)
-        if np.prod(shape) > 10_000 and sys._getframe(1).f_globals["__name__"] == program.__name__:
+        if np.prod(shape) > 10_000 and sys._getframe(1).f_globals["__name__"] == calls.__name__:
             raise MemoryError("Unable to allocate")
         return real(shape, *a, **k)
-    monkeypatch.setattr(program.np, "empty", refuse_large)
+    monkeypatch.setattr(calls.np, "empty", refuse_large)
     with pytest.raises(OutOfMemoryError) as e:
         prog(xs)
     assert "buffer out [3, 1, 4096] float32" in str(e.value) and isinstance(e.value, MemoryError)
