@@ -10,3 +10,15 @@ def compile_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("POLYFT_CACHE", str(d))
         yield d
+
+
+@pytest.fixture
+def fresh_fallback(monkeypatch):
+    """No fallback compile-cache directory yet in this process; the one a test makes is removed after it."""
+    import shutil
+
+    from polyft.emit import runtime_c
+    monkeypatch.setattr(runtime_c, "_fallback_dir", None)
+    yield
+    if runtime_c._fallback_dir is not None:
+        shutil.rmtree(runtime_c._fallback_dir, ignore_errors=True)

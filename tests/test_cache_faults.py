@@ -200,15 +200,6 @@ def test_compiler_failing_silently(tmp_path, monkeypatch):
 
 
 # -- an unusable cache directory -------------------------------------------------------------
-@pytest.fixture
-def fresh_fallback(monkeypatch):
-    """No fallback directory yet in this process; the one a test makes is removed after it."""
-    monkeypatch.setattr(runtime_c, "_fallback_dir", None)
-    yield
-    if runtime_c._fallback_dir is not None:
-        shutil.rmtree(runtime_c._fallback_dir, ignore_errors=True)
-
-
 def compiles_into_fallback(cache: str) -> str:
     """Compile twice with the unusable `cache`: warnings name it and the fallback, which is
     reused; the numbers are right. The fallback directory."""

@@ -44,15 +44,6 @@ def compile_in_subprocess(cache, timeout=120) -> dict:
     return out
 
 
-@pytest.fixture
-def fresh_fallback(monkeypatch):
-    monkeypatch.setattr(runtime_c, "_fallback_dir", None)
-    yield
-    if runtime_c._fallback_dir is not None:
-        import shutil
-        shutil.rmtree(runtime_c._fallback_dir, ignore_errors=True)
-
-
 @pytest.fixture(scope="module")
 def entry_name(tmp_path_factory):
     """The file name the program's object has in any cache."""
